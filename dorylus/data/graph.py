@@ -1,0 +1,127 @@
+"""The in-memory graph dataset every loader returns and every other component consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dorylus.errors import DatasetError
+
+MASK_NAMES = ("train_mask", "val_mask", "test_mask")
+
+
+@dataclass
+class GraphDataset:
+    """A node-classification graph with ``N`` vertices, ``E`` directed edges and ``F`` features.
+
+    Attributes:
+        name: human-readable name, recorded in run and partition metadata.
+        src, dst: ``int64 [E]``; edge ``k`` carries messages from ``src[k]`` to ``dst[k]``.
+        features: ``float32 [N, F]``.
+        labels: ``int64 [N]`` in ``[0, num_classes)``, or ``-1`` for an unlabeled vertex (which
+            must then be in no mask).
+        train_mask, val_mask, test_mask: ``bool [N]``.
+        num_classes: ``C``.
+        directed: if ``False`` (the default) the edge list is read as undirected and symmetrized
+            before normalization; if ``True`` edges are used as given (forward adjacency for
+            Gather, its transpose for the backward pass).
+    """
+
+    name: str
+    src: np.ndarray
+    dst: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int
+    directed: bool = False
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def validate(self, where: str | None = None) -> "GraphDataset":
+        """Check shapes, dtypes, ranges and finiteness; raise one :class:`DatasetError` naming
+        ``where`` (a file or object description) and the first problem found. Returns ``self``.
+
+        Arrays are converted in place to the canonical dtypes (int64 ids and labels, float32
+        features, bool masks) when that conversion is lossless.
+        """
+        where = where or self.name
+
+        def fail(msg: str) -> None:
+            raise DatasetError(f"{where}: {msg}")
+
+        if self.features.ndim != 2:
+            fail(f"features must be 2-D [num_nodes, num_features], got shape {self.features.shape}")
+        if not np.issubdtype(self.features.dtype, np.floating) and not np.issubdtype(
+            self.features.dtype, np.integer
+        ) and self.features.dtype != np.bool_:
+            fail(f"features must be numeric, got dtype {self.features.dtype}")
+        self.features = np.ascontiguousarray(self.features, dtype=np.float32)
+        n = self.num_nodes
+        if n == 0:
+            fail("graph has no vertices")
+
+        for field in ("src", "dst"):
+            ids = getattr(self, field)
+            if ids.ndim != 1:
+                fail(f"{field} must be 1-D, got shape {ids.shape}")
+            if ids.size and not np.issubdtype(ids.dtype, np.integer):
+                fail(f"{field} must hold integer vertex ids, got dtype {ids.dtype}")
+            setattr(self, field, np.ascontiguousarray(ids, dtype=np.int64))
+        if self.src.shape != self.dst.shape:
+            fail(f"src and dst lengths differ: {self.src.shape[0]} vs {self.dst.shape[0]}")
+        for field in ("src", "dst"):
+            ids = getattr(self, field)
+            if ids.size and (ids.min() < 0 or ids.max() >= n):
+                bad = int(ids[(ids < 0) | (ids >= n)][0])
+                fail(f"{field} has vertex id {bad} out of range [0, {n})")
+
+        if self.labels.shape != (n,):
+            fail(f"labels must have shape ({n},) to match features, got {self.labels.shape}")
+        if not np.issubdtype(self.labels.dtype, np.integer):
+            if np.issubdtype(self.labels.dtype, np.floating) and np.all(
+                np.isfinite(self.labels) & (self.labels == np.round(self.labels))
+            ):
+                self.labels = self.labels.astype(np.int64)
+            else:
+                fail(f"labels must be integers, got dtype {self.labels.dtype}")
+        self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
+        if int(self.num_classes) < 2:
+            fail(f"num_classes must be at least 2, got {self.num_classes}")
+        self.num_classes = int(self.num_classes)
+        if self.labels.min() < -1 or self.labels.max() >= self.num_classes:
+            bad = int(self.labels[(self.labels < -1) | (self.labels >= self.num_classes)][0])
+            fail(f"label {bad} out of range [0, {self.num_classes}) (-1 marks unlabeled)")
+
+        for field in MASK_NAMES:
+            mask = getattr(self, field)
+            if mask.shape != (n,):
+                fail(f"{field} must have shape ({n},) to match features, got {mask.shape}")
+            if mask.dtype != np.bool_:
+                if not np.isin(mask, (0, 1)).all():
+                    fail(f"{field} must be boolean (or 0/1), got values other than 0/1")
+                mask = mask.astype(np.bool_)
+            setattr(self, field, np.ascontiguousarray(mask))
+            if np.any(self.labels[mask] < 0):
+                fail(f"{field} includes unlabeled vertices (label -1)")
+        if not self.train_mask.any():
+            fail("train_mask is empty: nothing to train on")
+
+        finite = np.isfinite(self.features)
+        if not finite.all():
+            row, col = np.argwhere(~finite)[0]
+            fail(f"features contain NaN or inf (first at vertex {row}, column {col})")
+        return self

@@ -1,0 +1,60 @@
+"""Dropout masks keyed by (seed, epoch, layer, global vertex id, column).
+
+Every role that applies dropout (the reference trainer, the cpu backend, the Lambda function)
+derives the same mask from the same key, so results do not depend on partitioning or intervals.
+Numpy only: the Lambda function imports this without torch. A counter-based hash is also much
+faster here than torch's Bernoulli sampler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, in place on a uint64 array (wrapping arithmetic)."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _stream_key(seed: int, epoch: int, layer: int) -> np.uint64:
+    key = np.array([seed, epoch, layer], dtype=np.uint64)
+    acc = np.zeros(1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for part in key:
+            acc = _mix64(acc ^ (part + _GOLDEN))
+    return acc[0]
+
+
+def keep_mask(seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, width: int, p: float) -> np.ndarray:
+    """``bool [len(vertex_ids), width]``: ``True`` where the element is kept, with probability ``1 - p``.
+
+    Element ``(v, j)`` depends only on ``(seed, epoch, layer, v, j)``.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    ids = np.asarray(vertex_ids, dtype=np.uint64)
+    # One 64-bit hash per 4 columns, split into four 16-bit uniforms (p resolves to 1/65536).
+    blocks = -(-width // 4)
+    with np.errstate(over="ignore"):
+        counter = ids[:, None] * np.uint64(blocks) + np.arange(blocks, dtype=np.uint64)[None, :]
+        counter *= _GOLDEN
+        counter += _stream_key(seed, epoch, layer)
+        bits = _mix64(counter).astype("<u8", copy=False).view("<u2")
+    threshold = np.uint16(min(int(round(p * 65536)), 65535))
+    return bits.reshape(len(ids), blocks * 4)[:, :width] >= threshold
+
+def dropout(x: np.ndarray, seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, p: float) -> np.ndarray:
+    """Inverted dropout of ``x [len(vertex_ids), F]``: kept elements scaled by ``1 / (1 - p)``."""
+    if p == 0.0:
+        return x
+    keep = keep_mask(seed, epoch, layer, vertex_ids, x.shape[1], p)
+    return np.where(keep, x * np.float32(1.0 / (1.0 - p)), np.float32(0.0)).astype(x.dtype, copy=False)

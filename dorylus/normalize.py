@@ -1,0 +1,95 @@
+r"""GCN normalization, computed once on the whole graph (never per partition).
+
+For an adjacency ``A`` with ``A[v, u] = 1`` when there is an edge ``u -> v``:
+
+.. math::
+
+    \hat A = D^{-1/2} (A + I) D^{-1/2}, \qquad D_{vv} = 1 + \mathrm{indeg}(v)
+
+so that Gather computes ``Z[v] = sum_u A_hat[v, u] H[u]`` over the in-neighbours of ``v`` and
+``v`` itself. For an undirected (symmetrized) graph in- and out-degree agree and ``A_hat`` is
+symmetric; for a directed graph this is the convention of PyG's ``gcn_norm`` (the in-degree of
+each endpoint), and the backward pass uses ``A_hat^T``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class NormalizedAdjacency:
+    """``A_hat`` as a CSR matrix of in-edges: row ``v`` lists the sources ``u`` of edges ``u -> v``.
+
+    Attributes:
+        indptr: ``int64 [N + 1]``.
+        indices: ``int64 [nnz]`` source vertex of each entry, ascending within a row.
+        weights: ``float32 [nnz]``, the entries of ``A_hat``.
+        in_degree: ``int64 [N]``, in-degree without the self-loop (``D - I``).
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    weights: np.ndarray
+    in_degree: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def rows(self) -> np.ndarray:
+        """``int64 [nnz]``: the destination (row) vertex of each entry."""
+        return np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+
+
+def edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: bool) -> np.ndarray:
+    """Sorted unique ``dst * N + src`` keys of the edge set, self-loops dropped, optionally with
+    every edge's reverse added. Sorting by this key yields CSR (row = destination) order."""
+    n = np.int64(num_nodes)
+    keys = dst.astype(np.int64) * n + src.astype(np.int64)
+    if symmetrize:
+        keys = np.concatenate([keys, src.astype(np.int64) * n + dst.astype(np.int64)])
+    keys = np.unique(keys)
+    return keys[keys // n != keys % n]
+
+
+def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: bool = True) -> NormalizedAdjacency:
+    """Build ``A_hat`` from an edge list.
+
+    Duplicate edges count once and input self-loops are replaced by the single added one, so the
+    result depends only on the edge *set*. ``symmetrize=True`` adds the reverse of every edge
+    (the reading of an undirected graph).
+
+    Args:
+        src, dst: ``int [E]`` edge endpoints in ``[0, num_nodes)``.
+        num_nodes: ``N``.
+        symmetrize: add reverse edges before normalizing.
+    """
+    n = int(num_nodes)
+    keys = edge_keys(src, dst, n, symmetrize)
+    diag = np.arange(n, dtype=np.int64)
+    # The self-loop of row v goes where key v*N+v would sort, keeping columns ascending per row.
+    self_loop_pos = np.searchsorted(keys, diag * n + diag)
+    in_degree = np.bincount(keys // n, minlength=n).astype(np.int64)
+    indices = np.insert(keys % n, self_loop_pos, diag)
+    del keys, self_loop_pos
+    counts = in_degree + 1
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    inv_sqrt = 1.0 / np.sqrt(counts.astype(np.float64))
+    row_of = np.repeat(np.arange(n, dtype=np.int64), counts)
+    weights = (inv_sqrt[row_of] * inv_sqrt[indices]).astype(np.float32)
+    return NormalizedAdjacency(indptr=indptr, indices=indices, weights=weights, in_degree=in_degree)
+
+
+def row_normalize(features: np.ndarray) -> np.ndarray:
+    """Divide each row by its sum (rows summing to zero are left as zeros). ``float32 [N, F]``."""
+    sums = features.sum(axis=1, dtype=np.float64, keepdims=True)
+    sums[sums == 0] = 1.0
+    return (features / sums).astype(np.float32)
