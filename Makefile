@@ -1,0 +1,29 @@
+# Targets create .venv, install torch==2.13.0 FIRST (so pip never resolves a CUDA build), then the project.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,pyg]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## demo: local training on the generated synthetic-small graph; prints accuracy, time (and cost)
+demo: $(STAMP)
+	$(BIN)/dorylus train --dataset synthetic-small
+
+## test: the default test suite
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_reference.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
