@@ -37,6 +37,7 @@ PUSH_GRADS     function -> param srv   layer, epoch, interval, version          
 GHOSTS         graph srv -> graph srv  task, epoch, layer, part, rows             1 float rows tensor
 SHUTDOWN       control -> any          (none; answered by ACK)                    none
 STATS          control, both ways      (none; counters travel in ``meta``)        none
+COMMAND        coordinator -> server   (none; ``meta["command"]`` names it)       none
 ERROR          server -> any           code, message                              none
 =============  ======================  =========================================  ==============================
 
@@ -157,6 +158,7 @@ class Op(str, enum.Enum):
     GHOSTS = "GHOSTS"
     SHUTDOWN = "SHUTDOWN"
     STATS = "STATS"
+    COMMAND = "COMMAND"
     ERROR = "ERROR"
 
 
@@ -238,11 +240,13 @@ _OPS: dict[Op, _OpSpec] = {
                        floats_only=True, tasks=SCATTER_TASKS),
     Op.SHUTDOWN: _OpSpec(),
     Op.STATS: _OpSpec(),
+    Op.COMMAND: _OpSpec(),
     Op.ERROR: _OpSpec(("code", "message")),
 }
 
 # Ops whose sender waits for a reply; a server replies ERROR to these and drops bad others.
-REQUESTS = frozenset({Op.HELLO, Op.PULL, Op.PUSH, Op.PULL_WEIGHTS, Op.PUSH_GRADS, Op.GHOSTS, Op.STATS, Op.SHUTDOWN})
+REQUESTS = frozenset({Op.HELLO, Op.PULL, Op.PUSH, Op.PULL_WEIGHTS, Op.PUSH_GRADS, Op.GHOSTS, Op.STATS, Op.SHUTDOWN,
+                      Op.COMMAND})
 
 
 @dataclass(frozen=True)
