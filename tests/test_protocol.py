@@ -79,6 +79,7 @@ def _samples() -> list[tuple[Header, list[np.ndarray]]]:
         (Header(Op.GHOSTS, req=9, task="SC_BWD", epoch=2, layer=1, part=1, rows=(0, 3)), [f32(3, 4)]),
         (Header(Op.SHUTDOWN), []),
         (Header(Op.STATS, req=10, meta={"bad_rows": 2, "uptime_s": 3.5}), []),
+        (Header(Op.COMMAND, req=12, meta={"command": "step", "epoch": 3}), []),
         (Header(Op.ERROR, req=11, code="bad_rows", message="row range [5, 3) is reversed"), []),
     ]
 
