@@ -1,0 +1,639 @@
+"""Dataset loaders: every on-disk or in-memory graph format Dorylus reads, turned into a
+validated :class:`~dorylus.data.graph.GraphDataset`.
+
+Notation: ``N`` vertices, ``E`` edges, ``F`` features per vertex, ``C`` classes. Vertex ids are
+``0 .. N-1``. A label of ``-1`` marks an unlabeled vertex, which must be in no mask. Every loader
+ends with ``GraphDataset.validate(where=<file or object>)``, so a bad dataset fails with one
+:class:`~dorylus.errors.DatasetError` naming the file and the first problem (id out of range,
+length mismatch, NaN/inf feature, label out of range, empty training mask, ...).
+
+Data formats
+============
+
+Dorylus archive (``.npz``) -- :func:`load_npz`, :func:`save_npz`
+    A NumPy ``.npz`` archive (compressed or not, read with ``allow_pickle=False``) holding:
+
+    ===============  =============================  ==========================================
+    key              dtype, shape                   meaning
+    ===============  =============================  ==========================================
+    ``src``          integer ``[E]``                edge ``k`` goes ``src[k] -> dst[k]``
+    ``dst``          integer ``[E]``
+    ``features``     float (or int/bool) ``[N, F]`` vertex features, all finite
+    ``labels``       integer ``[N]``                class in ``[0, C)``, or ``-1`` = unlabeled
+    ``train_mask``   bool (or 0/1) ``[N]``          training vertices (at least one)
+    ``val_mask``     bool (or 0/1) ``[N]``          validation vertices
+    ``test_mask``    bool (or 0/1) ``[N]``          test vertices
+    ``num_classes``  integer scalar, optional       ``C``; default ``max(labels) + 1``
+    ``directed``     bool scalar, optional          default ``False``: edges are undirected and
+                                                    symmetrized before normalization
+    ``name``         string scalar, optional        default: the file name without ``.npz``
+    ===============  =============================  ==========================================
+
+    Extra keys are ignored. :func:`save_npz` writes all ten keys (uncompressed unless asked),
+    to a temporary file in the same directory that then replaces the target.
+
+Edge list (``.edges``, ``.txt``, ``.tsv``, ``.csv``) -- :func:`load_edgelist`
+    A text file with one edge ``src dst`` per line: two integer vertex ids separated by
+    whitespace and/or commas (a comma counts as whitespace). ``#`` starts a comment that runs to
+    the end of the line; blank lines are skipped. Any other line, a header row included (comment
+    it out with ``#``), is an error naming the file and line number. Edges are read as
+    undirected unless ``directed=True``. Beside ``X.edges`` (or ``X.txt``, ``X.tsv``, ``X.csv``):
+
+    * ``X.features.npy``: float ``[N, F]``, required; its row count defines ``N``.
+    * ``X.labels.npy``: integer ``[N]``, required; ``-1`` = unlabeled.
+    * ``X.split.npz``: optional, with bool ``[N]`` arrays ``train_mask``, ``val_mask``,
+      ``test_mask``. Without it the labeled vertices are shuffled with a seeded generator
+      (``numpy.random.default_rng(seed)``, ``seed=0`` by default) and cut 60% / 20% / 20%
+      into train / val / test (:data:`DEFAULT_SPLIT_FRACTIONS`; at least one training vertex).
+
+    Other paths for these three files can be passed explicitly.
+
+OGB node-property directory -- :func:`load_ogb`
+    A dataset directory as the ``ogb`` package downloads it (e.g. ``ogbn_arxiv/``), parsed
+    without that package. All files are gzip-compressed CSV without a header row:
+
+    * ``raw/edge.csv.gz``: ``E`` rows ``src,dst``.
+    * ``raw/node-feat.csv.gz``: ``N`` rows of ``F`` comma-separated floats.
+    * ``raw/node-label.csv.gz``: ``N`` rows of one label; ``nan`` (unlabeled) becomes ``-1``.
+      Multi-column (multi-task) labels are not supported.
+    * ``raw/num-node-list.csv.gz``: optional, one row ``N``; must match the feature rows.
+    * ``split/<scheme>/train.csv.gz``, ``valid.csv.gz``, ``test.csv.gz``: one vertex id per
+      row. ``<scheme>`` is any single directory name (``time``, ``sales_rank``, ...); with
+      several, choose one with ``split=``.
+
+    The path may be the dataset directory itself or a directory holding exactly one dataset
+    directory. OGB lists some graphs' edges in one direction only (ogbn-products) and some as
+    directed citations (ogbn-arxiv); both load as undirected (``directed=False``) unless
+    ``directed=True`` is passed. Other files (``mapping/``, ``processed/``) are ignored.
+
+In-memory graphs -- :func:`from_pyg`, :func:`from_dgl`
+    A ``torch_geometric.data.Data`` with ``edge_index [2, E]``, ``x [N, F]``, ``y [N]`` (or
+    ``[N, 1]``) and ``train_mask``/``val_mask``/``test_mask [N]``; or a homogeneous DGL graph
+    with edges from ``graph.edges()`` and ``ndata`` entries ``feat``, ``label``,
+    ``train_mask``, ``val_mask``, ``test_mask``. Float labels with NaN become ``-1``. Neither
+    library is imported until one of these functions is called.
+
+:func:`load_dataset` is the single entry point of the CLI: a spec is a preset name from
+:mod:`dorylus.data.synthetic` (presets win; write ``./name`` for a path that collides with one),
+or a path dispatched on its type (``.npz``, edge-list extension, OGB directory).
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import re
+import tempfile
+import warnings
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dorylus.data.graph import MASK_NAMES, GraphDataset
+from dorylus.errors import DatasetError
+
+PathLike = str | os.PathLike
+
+EDGELIST_SUFFIXES = (".edges", ".txt", ".tsv", ".csv")
+DEFAULT_SPLIT_FRACTIONS = (0.6, 0.2, 0.2)  # train, val, test share of the labeled vertices
+NPZ_REQUIRED = ("src", "dst", "features", "labels", *MASK_NAMES)
+OGB_SPLIT_FILES = {
+    "train_mask": "train.csv.gz", "val_mask": "valid.csv.gz", "test_mask": "test.csv.gz",
+}
+SUPPORTED_TYPES = (
+    "a preset name, a .npz Dorylus archive, an edge list "
+    f"({'/'.join(EDGELIST_SUFFIXES)}) with X.features.npy and X.labels.npy beside it, "
+    "or an OGB node-property directory (raw/edge.csv.gz, raw/node-feat.csv.gz, "
+    "raw/node-label.csv.gz, split/<scheme>/)"
+)
+
+# Errors that reading a damaged file can raise; every one becomes a DatasetError naming the file.
+_READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error)
+
+
+def _require_file(path: Path, what: str = "file") -> None:
+    if not path.is_file():
+        reason = "is a directory, not a file" if path.is_dir() else "not found"
+        raise DatasetError(f"{path}: {what} {reason}")
+
+
+def _external_labels(labels: np.ndarray, where: str) -> np.ndarray:
+    """Labels from another library: ``[N]`` or ``[N, 1]``; float NaN (unlabeled) -> ``-1``."""
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    elif labels.ndim != 1:
+        raise DatasetError(
+            f"{where}: labels must be [N] or [N, 1], got shape {labels.shape} "
+            "(multi-task labels are not supported)"
+        )
+    if np.issubdtype(labels.dtype, np.floating):
+        labels = np.where(np.isnan(labels), -1.0, labels)
+    return labels
+
+
+def _default_num_classes(labels: np.ndarray) -> int:
+    return int(labels.max()) + 1 if labels.size else 0
+
+
+def _np_load(path: Path, what: str, archive: bool) -> Any:
+    """``np.load`` without pickles, after checking the file is the kind of NumPy file expected
+    (an ``.npz`` archive if ``archive``, else a ``.npy`` array); failures name ``path``."""
+    _require_file(path, what)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read {what} ({e.strerror or e})") from e
+    is_npz, is_npy = magic.startswith(b"PK"), magic.startswith(b"\x93NUMPY")
+    if not (is_npz if archive else is_npy):
+        if is_npz or is_npy:
+            want = "a .npz archive" if archive else "a .npy array"
+            got = "a .npz archive" if is_npz else "a single .npy array"
+            raise DatasetError(f"{path}: {what} must be {want}, got {got}")
+        kind = ".npz" if archive else ".npy"
+        raise DatasetError(f"{path}: {what} is not a NumPy {kind} file (corrupt or wrong type)")
+    try:
+        return np.load(path, allow_pickle=False)
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: corrupt {what} ({e})") from e
+
+
+def _read_member(archive: Any, key: str, path: Path) -> np.ndarray:
+    try:
+        return archive[key]
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: cannot read key {key!r} ({e})") from e
+
+
+# --------------------------------------------------------------------------------------------
+# .npz archive
+
+
+def load_npz(path: PathLike) -> GraphDataset:
+    """Load a Dorylus ``.npz`` archive (format in the module docstring)."""
+    path = Path(path)
+    archive = _np_load(path, "dataset archive", archive=True)
+    with archive:
+        missing = [key for key in NPZ_REQUIRED if key not in archive.files]
+        if missing:
+            raise DatasetError(
+                f"{path}: missing key {', '.join(repr(k) for k in missing)} "
+                f"(an archive needs {', '.join(NPZ_REQUIRED)})"
+            )
+
+        def read(key: str) -> np.ndarray:
+            return _read_member(archive, key, path)
+
+        def scalar(key: str, convert: Any) -> Any:
+            value = read(key)
+            if value.size != 1:
+                raise DatasetError(f"{path}: key {key!r} must be a scalar, got shape {value.shape}")
+            try:
+                return convert(value.reshape(()).item())
+            except (TypeError, ValueError) as e:
+                raise DatasetError(f"{path}: key {key!r} has invalid value {value!r}") from e
+
+        arrays = {key: read(key) for key in NPZ_REQUIRED}
+        files = set(archive.files)
+        num_classes = (
+            scalar("num_classes", int) if "num_classes" in files
+            else _default_num_classes(arrays["labels"])
+        )
+        directed = scalar("directed", bool) if "directed" in files else False
+        name = scalar("name", str) if "name" in files else path.stem
+    dataset = GraphDataset(name=name, num_classes=num_classes, directed=directed, **arrays)
+    return dataset.validate(where=str(path))
+
+
+def save_npz(dataset: GraphDataset, path: PathLike, *, compress: bool = False) -> None:
+    """Write ``dataset`` to ``path`` so that :func:`load_npz` returns it exactly.
+
+    The dataset is validated first; the archive goes to a temporary file in the target's
+    directory which then atomically replaces ``path``, so a failure leaves any previous file
+    intact and no partial file behind.
+    """
+    path = Path(path)
+    dataset.validate(where=f"{dataset.name} (saving to {path})")
+    directory = path.parent
+    if not directory.is_dir():
+        raise DatasetError(f"{path}: cannot save, directory {directory} does not exist")
+    arrays = {key: getattr(dataset, key) for key in NPZ_REQUIRED}
+    arrays.update(
+        num_classes=np.int64(dataset.num_classes),
+        directed=np.bool_(dataset.directed),
+        name=np.str_(dataset.name),
+    )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            (np.savez_compressed if compress else np.savez)(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# edge list
+
+
+_INT_TOKEN = re.compile(rb"[+-]?[0-9]+")
+
+
+def _first_bad_edge_line(raw: bytes) -> tuple[int, str, str] | None:
+    """Slow path, only after the fast parser failed: ``(line number, line, reason)``."""
+    for number, line in enumerate(io.BytesIO(raw), start=1):
+        fields = line.split(b"#", 1)[0].replace(b",", b" ").split()
+        if not fields:
+            continue
+        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        if len(fields) != 2:
+            return number, text, f"expected 2 vertex ids (src dst), got {len(fields)} fields"
+        for field in fields:
+            if not _INT_TOKEN.fullmatch(field) or not -(2**63) <= int(field) < 2**63:
+                shown = field.decode("utf-8", "replace")
+                return number, text, f"{shown!r} is not an integer vertex id"
+    return None
+
+
+def _parse_int_pairs(source: Any) -> np.ndarray | None:
+    """numpy's C parser on a path or binary file: ``int64 [rows, columns]``, ``None`` if a
+    line does not parse or the column count changes."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data"
+            return np.loadtxt(source, dtype=np.int64, comments="#", ndmin=2)
+    except (ValueError, OverflowError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def _read_edge_pairs(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Parse an edge-list text file into ``src, dst`` (``int64 [E]``).
+
+    Whitespace-separated files stream through numpy's parser; a file with commas is read
+    whole and its commas turned into spaces first (about half the speed). Only when that
+    fails does a per-line Python pass run, to name the first bad line.
+    """
+    _require_file(path, "edge list")
+    pairs = _parse_int_pairs(path)
+    if pairs is None:
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read edge list ({e.strerror or e})") from e
+        if b"," in raw:
+            pairs = _parse_int_pairs(io.BytesIO(raw.replace(b",", b" ")))
+    if pairs is not None and pairs.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if pairs is None or pairs.shape[1] != 2:
+        bad = _first_bad_edge_line(path.read_bytes())
+        if bad is None:  # the two parsers disagree on some exotic input
+            raise DatasetError(f"{path}: cannot parse as an edge list of 'src dst' lines")
+        number, line, reason = bad
+        shown = line if len(line) <= 80 else line[:77] + "..."
+        raise DatasetError(f"{path}: line {number}: {reason}: {shown!r}")
+    return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
+
+def _load_split(path: Path) -> dict[str, np.ndarray]:
+    with _np_load(path, "split file", archive=True) as archive:
+        missing = [key for key in MASK_NAMES if key not in archive.files]
+        if missing:
+            raise DatasetError(f"{path}: split file is missing key {', '.join(missing)}")
+        return {key: _read_member(archive, key, path) for key in MASK_NAMES}
+
+
+def random_split(
+    labels: np.ndarray,
+    seed: int = 0,
+    fractions: tuple[float, float, float] = DEFAULT_SPLIT_FRACTIONS,
+) -> dict[str, np.ndarray]:
+    """Shuffle the labeled vertices (``labels >= 0``) with ``default_rng(seed)`` and cut them
+    into train / val / test masks (``bool [N]``) of ``round(fraction * labeled)`` vertices each
+    (test takes the rest; train gets at least one vertex when any is labeled)."""
+    labeled = np.flatnonzero(labels >= 0)
+    order = np.random.default_rng(seed).permutation(labeled)
+    n_train = max(1, round(fractions[0] * len(order))) if len(order) else 0
+    n_val = min(round(fractions[1] * len(order)), len(order) - n_train)
+    masks = {key: np.zeros(labels.shape[0], dtype=bool) for key in MASK_NAMES}
+    masks["train_mask"][order[:n_train]] = True
+    masks["val_mask"][order[n_train : n_train + n_val]] = True
+    masks["test_mask"][order[n_train + n_val :]] = True
+    return masks
+
+
+def load_edgelist(
+    path: PathLike,
+    features: PathLike | None = None,
+    labels: PathLike | None = None,
+    split: PathLike | None = None,
+    *,
+    num_classes: int | None = None,
+    directed: bool = False,
+    name: str | None = None,
+    seed: int = 0,
+) -> GraphDataset:
+    """Load an edge-list text file plus its features, labels and optional split.
+
+    ``features``/``labels``/``split`` default to ``X.features.npy``, ``X.labels.npy`` and
+    ``X.split.npz`` beside ``X.<ext>``; without a split file a seeded 60/20/20 random split of
+    the labeled vertices is made (:func:`random_split` with ``seed``). ``num_classes`` defaults
+    to ``max(labels) + 1`` and ``name`` to ``X``.
+    """
+    path = Path(path)
+    base = path.with_suffix("")
+    src, dst = _read_edge_pairs(path)
+    def side_file(given: PathLike | None, suffix: str) -> Path:
+        return Path(given) if given is not None else base.with_name(base.name + suffix)
+
+    feature_path = side_file(features, ".features.npy")
+    label_path = side_file(labels, ".labels.npy")
+    split_path = side_file(split, ".split.npz")
+    for what, given, side in (("features", features, feature_path), ("labels", labels, label_path)):
+        if given is None and not side.exists():
+            raise DatasetError(
+                f"{side}: {what} file not found "
+                f"(pass {what}= or put it beside the edge list {path.name})"
+            )
+    feature_array = _np_load(feature_path, "features file", archive=False)
+    label_array = _np_load(label_path, "labels file", archive=False)
+    if split is not None or split_path.exists():
+        masks = _load_split(split_path)
+    elif label_array.ndim == 1 and np.issubdtype(label_array.dtype, np.integer):
+        masks = random_split(label_array, seed)
+    else:  # let validation report the bad labels
+        masks = {key: np.zeros(label_array.shape[:1], dtype=bool) for key in MASK_NAMES}
+    dataset = GraphDataset(
+        name=name if name is not None else base.name,
+        src=src,
+        dst=dst,
+        features=feature_array,
+        labels=label_array,
+        num_classes=num_classes if num_classes is not None else _default_num_classes(label_array),
+        directed=directed,
+        **masks,
+    )
+    return dataset.validate(where=str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# OGB
+
+
+def _ogb_root(path: Path) -> Path | None:
+    """The OGB dataset directory at ``path`` (it has ``raw/``) or the only one directly inside
+    it; ``None`` if there is none. Several candidates is an error."""
+    if (path / "raw").is_dir():
+        return path
+    try:
+        candidates = sorted(child for child in path.iterdir() if (child / "raw").is_dir())
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot list directory ({e.strerror or e})") from e
+    if len(candidates) > 1:
+        names = ", ".join(child.name for child in candidates)
+        raise DatasetError(f"{path}: holds several OGB datasets ({names}); pass one of them")
+    return candidates[0] if candidates else None
+
+
+def _read_gz_csv(path: Path, dtype: type) -> np.ndarray:
+    """A headerless gzip CSV as a ``[rows, columns]`` array (``[0, 1]`` when empty)."""
+    import gzip
+
+    _require_file(path)
+    try:
+        with gzip.open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data"
+            return np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=2)
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: cannot read as gzip CSV ({e})") from e
+
+
+def load_ogb(
+    directory: PathLike,
+    *,
+    directed: bool = False,
+    split: str | None = None,
+    name: str | None = None,
+) -> GraphDataset:
+    """Load an OGB node-property-prediction dataset directory (layout in the module docstring)
+    without the ``ogb`` package. ``split`` picks the ``split/<scheme>`` directory when there
+    are several; ``name`` defaults to the directory name with ``ogbn_`` written ``ogbn-``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        reason = "is a file, not a directory" if directory.exists() else "not found"
+        raise DatasetError(f"{directory}: OGB dataset directory {reason}")
+    root = _ogb_root(directory)
+    if root is None:
+        raise DatasetError(
+            f"{directory}: not an OGB node-property dataset (no raw/ directory in it or in "
+            "exactly one subdirectory)"
+        )
+    raw = root / "raw"
+
+    edge_file, feature_file, label_file = (
+        raw / "edge.csv.gz", raw / "node-feat.csv.gz", raw / "node-label.csv.gz"
+    )
+    edges = _read_gz_csv(edge_file, np.int64)
+    if edges.size == 0:
+        edges = np.zeros((0, 2), np.int64)
+    if edges.shape[1] != 2:
+        raise DatasetError(f"{edge_file}: expected 2 columns (src,dst), got {edges.shape[1]}")
+    features = _read_gz_csv(feature_file, np.float32)
+    labels = _external_labels(_read_gz_csv(label_file, np.float64), str(label_file))
+    num_node_file = raw / "num-node-list.csv.gz"
+    if num_node_file.exists():
+        counts = _read_gz_csv(num_node_file, np.int64)
+        if counts.size != 1:
+            raise DatasetError(
+                f"{num_node_file}: expected one node count (a single graph), got {counts.size}"
+            )
+        if int(counts.item()) != features.shape[0]:
+            raise DatasetError(
+                f"{num_node_file}: says {int(counts.item())} nodes but "
+                f"{feature_file} has {features.shape[0]} rows"
+            )
+
+    split_root = root / "split"
+    schemes = []
+    if split_root.is_dir():
+        schemes = sorted(child.name for child in split_root.iterdir() if child.is_dir())
+    if split is None:
+        if len(schemes) != 1:
+            found = ", ".join(schemes) if schemes else "none"
+            raise DatasetError(
+                f"{split_root}: expected exactly one split scheme directory, found {found}"
+                + ("; choose one with split=" if schemes else "")
+            )
+        split = schemes[0]
+    elif split not in schemes:
+        found = ", ".join(schemes) or "none"
+        raise DatasetError(f"{split_root}: no split scheme {split!r} (found: {found})")
+    n = features.shape[0]
+    masks = {}
+    for key, file_name in OGB_SPLIT_FILES.items():
+        index_file = split_root / split / file_name
+        index = _read_gz_csv(index_file, np.int64).ravel()
+        if index.size and (index.min() < 0 or index.max() >= n):
+            bad = int(index[(index < 0) | (index >= n)][0])
+            raise DatasetError(f"{index_file}: vertex id {bad} out of range [0, {n})")
+        masks[key] = np.zeros(n, dtype=bool)
+        masks[key][index] = True
+
+    if name is None:
+        name = "ogbn-" + root.name[5:] if root.name.startswith("ogbn_") else root.name
+    dataset = GraphDataset(
+        name=name,
+        src=np.ascontiguousarray(edges[:, 0]),
+        dst=np.ascontiguousarray(edges[:, 1]),
+        features=features,
+        labels=labels,
+        num_classes=_default_num_classes(labels),
+        directed=directed,
+        **masks,
+    )
+    return dataset.validate(where=str(root))
+
+
+# --------------------------------------------------------------------------------------------
+# PyG and DGL objects
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    """A torch tensor (any device, with or without grad) or array-like as a numpy array."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _from_arrays(
+    where: str, name: str, src: Any, dst: Any, fields: dict[str, Any],
+    num_classes: int | None, directed: bool,
+) -> GraphDataset:
+    labels = _external_labels(_to_numpy(fields["labels"]), where)
+    dataset = GraphDataset(
+        name=name,
+        src=_to_numpy(src),
+        dst=_to_numpy(dst),
+        features=_to_numpy(fields["features"]),
+        labels=labels,
+        train_mask=_to_numpy(fields["train_mask"]),
+        val_mask=_to_numpy(fields["val_mask"]),
+        test_mask=_to_numpy(fields["test_mask"]),
+        num_classes=num_classes if num_classes is not None else _default_num_classes(labels),
+        directed=directed,
+    )
+    return dataset.validate(where=where)
+
+
+def from_pyg(
+    data: Any, name: str = "pyg", *, num_classes: int | None = None, directed: bool = False
+) -> GraphDataset:
+    """Convert a ``torch_geometric.data.Data`` (``edge_index [2, E]``, ``x``, ``y``,
+    ``train_mask``, ``val_mask``, ``test_mask``). ``num_classes`` defaults to ``max(y) + 1``."""
+    try:
+        from torch_geometric.data import Data
+    except ImportError as e:
+        raise DatasetError("from_pyg needs torch_geometric: pip install 'dorylus[pyg]'") from e
+    where = f"PyG Data {name!r}"
+    if not isinstance(data, Data):
+        raise DatasetError(
+            f"{where}: expected a torch_geometric.data.Data, got {type(data).__name__}"
+        )
+    attrs = {"edge_index": "edge_index", "features": "x", "labels": "y"}
+    attrs.update({mask: mask for mask in MASK_NAMES})
+    fields = {key: getattr(data, attr, None) for key, attr in attrs.items()}
+    missing = [attrs[key] for key, value in fields.items() if value is None]
+    if missing:
+        raise DatasetError(f"{where}: missing attribute {', '.join(missing)}")
+    edge_index = _to_numpy(fields.pop("edge_index"))
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise DatasetError(f"{where}: edge_index must have shape [2, E], got {edge_index.shape}")
+    return _from_arrays(where, name, edge_index[0], edge_index[1], fields, num_classes, directed)
+
+
+def from_dgl(
+    graph: Any, name: str = "dgl", *, num_classes: int | None = None, directed: bool = False
+) -> GraphDataset:
+    """Convert a homogeneous DGL graph: edges from ``graph.edges()``, and ``graph.ndata``
+    entries ``feat``, ``label``, ``train_mask``, ``val_mask``, ``test_mask``.
+    ``num_classes`` defaults to ``max(label) + 1``."""
+    try:
+        import dgl
+    except ImportError as e:
+        raise DatasetError("from_dgl needs dgl: pip install 'dorylus[dgl]'") from e
+    where = f"DGL graph {name!r}"
+    if not isinstance(graph, dgl.DGLGraph):
+        raise DatasetError(f"{where}: expected a dgl.DGLGraph, got {type(graph).__name__}")
+    if len(graph.ntypes) != 1 or len(graph.etypes) != 1:
+        raise DatasetError(
+            f"{where}: heterogeneous graphs ({len(graph.ntypes)} node types, "
+            f"{len(graph.etypes)} edge types) are not supported"
+        )
+    keys = {"features": "feat", "labels": "label", **{m: m for m in MASK_NAMES}}
+    missing = [ndata_key for ndata_key in keys.values() if ndata_key not in graph.ndata]
+    if missing:
+        raise DatasetError(f"{where}: missing ndata {', '.join(repr(k) for k in missing)}")
+    fields = {key: graph.ndata[ndata_key] for key, ndata_key in keys.items()}
+    src, dst = graph.edges()
+    return _from_arrays(where, name, src, dst, fields, num_classes, directed)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI entry point
+
+
+def _synthetic_module() -> Any | None:
+    """``dorylus.data.synthetic`` if it exists (imported lazily: presets are optional)."""
+    # import_module reads sys.modules first, so tests can substitute a module there.
+    try:
+        return importlib.import_module("dorylus.data.synthetic")
+    except ModuleNotFoundError as e:
+        if e.name == "dorylus.data.synthetic":
+            return None
+        raise  # a real bug inside the module must not pass as "no presets"
+
+
+def load_dataset(
+    spec: str | os.PathLike, *, directed: bool | None = None, seed: int = 0
+) -> GraphDataset:
+    """Load a dataset from a preset name or a path (``.npz``, edge list, OGB directory).
+
+    ``directed`` overrides the format's default (``None`` keeps it); ``seed`` seeds a preset's
+    generator and an edge list's random split.
+    """
+    spec = os.fspath(spec)
+    synthetic = _synthetic_module()
+    presets = list(synthetic.preset_names()) if synthetic is not None else []
+    if spec in presets:
+        dataset = synthetic.generate_preset(spec, seed=seed).validate(where=f"preset {spec!r}")
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise DatasetError(
+                f"dataset {spec!r} is neither a preset (known: {', '.join(presets) or 'none'}) "
+                "nor an existing path"
+            )
+        root = _ogb_root(path) if path.is_dir() else None
+        if root is not None:
+            dataset = load_ogb(root)
+        elif path.is_file() and path.suffix.lower() == ".npz":
+            dataset = load_npz(path)
+        elif path.is_file() and path.suffix.lower() in EDGELIST_SUFFIXES:
+            dataset = load_edgelist(path, seed=seed)
+        else:
+            suffix = path.suffix or "(no extension)"
+            kind = "directory" if path.is_dir() else f"file type {suffix!r}"
+            raise DatasetError(f"{path}: unsupported dataset {kind}; supported: {SUPPORTED_TYPES}")
+    if directed is not None:
+        dataset.directed = directed
+    return dataset
