@@ -99,6 +99,8 @@ class GraphDataset:
             else:
                 fail(f"labels must be integers, got dtype {self.labels.dtype}")
         self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
+        if isinstance(self.num_classes, float) and not float(self.num_classes).is_integer():
+            fail(f"num_classes must be an integer, got {self.num_classes}")
         if int(self.num_classes) < 2:
             fail(f"num_classes must be at least 2, got {self.num_classes}")
         self.num_classes = int(self.num_classes)
@@ -117,6 +119,10 @@ class GraphDataset:
             setattr(self, field, np.ascontiguousarray(mask))
             if np.any(self.labels[mask] < 0):
                 fail(f"{field} includes unlabeled vertices (label -1)")
+        for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+            overlap = getattr(self, f"{a}_mask") & getattr(self, f"{b}_mask")
+            if overlap.any():
+                fail(f"{a}_mask and {b}_mask overlap ({int(overlap.sum())} vertices, first {int(np.argmax(overlap))})")
         if not self.train_mask.any():
             fail("train_mask is empty: nothing to train on")
 
