@@ -1,0 +1,647 @@
+"""A local AWS Lambda: the Invoke HTTP API, handlers in worker processes, billing like Lambda.
+
+Any Lambda client (boto3, aiobotocore) works against it unchanged with
+``endpoint_url="http://HOST:PORT"``, any region and dummy credentials.
+
+API (``POST /2015-03-31/functions/{FunctionName}/invocations``, optional ``?Qualifier=``;
+FunctionName is a name, ``name:qualifier``, a full or a partial ARN):
+
+* ``X-Amz-Invocation-Type: RequestResponse`` (default): 200 with the handler's JSON result;
+  a function error (handler raised, timed out, worker crashed, result not JSON-serializable)
+  is 200 with ``X-Amz-Function-Error: Unhandled`` and Lambda's error object as the payload.
+  ``X-Amz-Log-Type: Tail`` returns the last 4 KB of the call's log in ``X-Amz-Log-Result``.
+* ``Event``: 202 at once, the call runs in the background. ``DryRun``: 204, nothing runs.
+* Each call runs in one of ``concurrency`` worker processes, one call per worker at a time. A
+  call running past ``timeout_s`` is a function error (``Sandbox.Timedout``) and a worker that
+  dies mid-call one of type ``Runtime.ExitError``; either way the worker is killed and replaced.
+* API errors carry ``x-amzn-ErrorType`` and a JSON body, as botocore's rest-json parser expects:
+  404 ResourceNotFoundException, 429 TooManyRequestsException (more than ``concurrency`` calls in
+  flight, RequestResponse and Event together), 413 RequestTooLargeException, 400
+  InvalidRequestContentException (payload not JSON), 400 InvalidParameterValueException.
+
+Billing: a call's billed duration is its run time in the worker (handler plus, on a worker's
+first call of a function, the handler module's import, since AWS bills the INIT phase as of
+August 2025) rounded up to whole milliseconds, at least 1 ms; a timed-out call bills the full
+timeout. GB-seconds = billed_ms / 1000 * memory_mb / 1024. ``start_latency_ms`` is a sleep before
+each call that models invoke and placement overhead; like the Lambda frontend's latency, it is
+not billed. Each RequestResponse reply carries ``X-Dorylus-Billed-Ms`` and
+``X-Dorylus-Duration-Ms``; totals are at ``GET /emulator/stats`` (reset with
+``POST /emulator/stats/reset``) and :meth:`EmulatorServer.stats`. ``GET /emulator/health`` is
+the readiness probe.
+
+Differences from AWS, on purpose: every function shares one pool of worker processes (one
+account-level concurrency limit, Reason ``ConcurrentInvocationLimitExceeded``); an Event call
+over the limit is refused with 429 instead of queued, and a failed one is not retried (Lambda
+retries it twice); any Qualifier runs ``$LATEST``; memory is a billing figure only (not
+enforced); the Event payload limit stays at 256 KB (AWS raised it to 1 MB in 2025), so payloads
+accepted here are accepted by every Lambda. Workers are daemonic processes, so a handler cannot
+start multiprocessing children of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import socketserver
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Mapping, Sequence
+from urllib.parse import parse_qs, unquote
+
+from dorylus.emulator.pool import Outcome, WorkerPool
+from dorylus.errors import ConfigError
+
+logger = logging.getLogger("dorylus.emulator")
+
+SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024  # 6,291,456 bytes, RequestResponse request and response
+EVENT_PAYLOAD_LIMIT = 256 * 1024  # 262,144 bytes, Event request
+LOG_TAIL_BYTES = 4096
+DEFAULT_FUNCTIONS = {"dorylus-gcn": "lambdas.handler:handler"}
+DEFAULT_PORT = 9001
+ACCOUNT_ID = "123456789012"
+MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
+MAX_TIMEOUT_S = 900.0
+
+# Bodies up to this size are read even when refused, so the client gets the error response
+# rather than a connection reset; a larger one is refused and its connection closed.
+_DRAIN_LIMIT = 64 * 1024 * 1024
+_INVOKE_PATH = re.compile(r"/2015-03-31/functions/([^/]+)/invocations/?")
+_INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_REGION_IN_AUTH = re.compile(r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]+)/lambda/")
+# Error shapes whose message member is spelled "Message" in Lambda's service model.
+_CAPITALIZED_MESSAGE = {"ResourceNotFoundException", "ServiceException"}
+
+
+def default_concurrency() -> int:
+    return max(2, os.cpu_count() or 2)
+
+
+def _module_found(module: str, code_dirs: Sequence[str]) -> bool:
+    """Whether ``module`` is importable from ``code_dirs`` (looked up without running any of its
+    packages' code) or from this process's import path."""
+    search: list[str] | None = list(code_dirs)
+    for part in module.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, search) if search else None
+        if spec is None:
+            break
+        search = spec.submodule_search_locations
+    else:
+        return True
+    return importlib.util.find_spec(module) is not None
+
+
+def check_functions(functions: Mapping[str, str], code_dirs: Sequence[str] = ()) -> dict[str, str]:
+    """Validate ``{name: "package.module:function"}``: Lambda-valid names, well-formed specs,
+    modules that can be found (in ``code_dirs`` or on the import path). Raises ConfigError naming
+    the function. Modules are imported only in the workers: one that fails on import gives
+    Runtime.ImportModuleError there, as in Lambda."""
+    if not functions:
+        raise ConfigError("lambda emulator: no functions registered")
+    for name, spec in functions.items():
+        if not _FUNCTION_NAME.fullmatch(name):
+            raise ConfigError(f"lambda emulator: function name {name!r} is not a valid Lambda "
+                              "name (1-64 letters, digits, '-' or '_')")
+        module, sep, attr = spec.partition(":")
+        if not (sep and module and attr.isidentifier()):
+            raise ConfigError(f"lambda emulator: handler {spec!r} of function {name!r} is not "
+                              "of the form 'package.module:function'")
+        try:
+            found = _module_found(module, code_dirs)
+        except Exception as exc:  # a parent package failed to import, or the name is malformed
+            raise ConfigError(f"lambda emulator: handler module {module!r} of function {name!r} "
+                              f"cannot be imported: {exc}") from exc
+        if not found:
+            raise ConfigError(f"lambda emulator: handler module {module!r} of function {name!r} "
+                              "is not on the Python path" + (" nor in the code directories "
+                              + ", ".join(code_dirs) if code_dirs else ""))
+    return dict(functions)
+
+
+def check_code_dirs(code_dirs: Sequence[str]) -> tuple[str, ...]:
+    """Absolute paths of existing directories, or ConfigError naming the missing one."""
+    for directory in code_dirs:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"lambda emulator: code directory {directory!r} does not exist")
+    return tuple(os.path.abspath(directory) for directory in code_dirs)
+
+
+def parse_function_args(values: list[str]) -> dict[str, str]:
+    """``["NAME=module:callable", ...]`` -> ``{NAME: "module:callable"}``."""
+    functions: dict[str, str] = {}
+    for value in values:
+        name, sep, spec = value.partition("=")
+        if not sep or not name or not spec:
+            raise ConfigError(f"lambda emulator: --function {value!r} is not NAME=module:callable")
+        if name in functions:
+            raise ConfigError(f"lambda emulator: --function {name!r} given twice")
+        functions[name] = spec
+    return functions
+
+
+def parse_function_name(raw: str) -> tuple[str, str | None]:
+    """Name and qualifier from any FunctionName form: ``name``, ``name:qualifier``,
+    ``arn:aws:lambda:REGION:ACCOUNT:function:name[:qualifier]``,
+    ``ACCOUNT:function:name[:qualifier]``. Unrecognized forms come back whole (not found)."""
+    parts = raw.split(":")
+    if len(parts) in (7, 8) and parts[0] == "arn" and parts[5] == "function":
+        return parts[6], (parts[7] if len(parts) == 8 else None)
+    if len(parts) in (3, 4) and parts[1] == "function":
+        return parts[2], (parts[3] if len(parts) == 4 else None)
+    if len(parts) in (1, 2):
+        return parts[0], (parts[1] if len(parts) == 2 else None)
+    return raw, None
+
+
+def billed_ms(duration_ns: int) -> int:
+    """Lambda bills duration rounded up to the next millisecond, at least 1 ms."""
+    return max(1, -(-duration_ns // 1_000_000))
+
+
+@dataclasses.dataclass
+class _Counters:
+    invocations: int = 0  # admitted RequestResponse + Event calls: each is one billed request
+    errors: int = 0  # function errors: raised, timed out, crashed, unserializable result
+    throttles: int = 0  # refused with 429
+    dry_runs: int = 0
+    billed_ms: int = 0
+    duration_ms: float = 0.0  # measured, unrounded
+    peak_concurrency: int = 0
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str,
+                 extra: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.extra, self.headers = dict(extra or {}), dict(headers or {})
+
+
+class EmulatorServer:
+    """A running emulator: HTTP server thread + worker pool. Create with :func:`serve`."""
+
+    def __init__(self, host: str, port: int, functions: Mapping[str, str], concurrency: int,
+                 memory_mb: int, timeout_s: float, start_latency_ms: float,
+                 code_dirs: Sequence[str] = ()):
+        if concurrency < 1:
+            raise ConfigError(f"lambda emulator: concurrency must be >= 1, got {concurrency}")
+        if not MEMORY_RANGE_MB[0] <= memory_mb <= MEMORY_RANGE_MB[1]:
+            raise ConfigError(f"lambda emulator: memory {memory_mb} MB is outside Lambda's "
+                              f"range {MEMORY_RANGE_MB[0]}..{MEMORY_RANGE_MB[1]} MB")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ConfigError(f"lambda emulator: timeout {timeout_s} s is outside (0, 900] s")
+        if not start_latency_ms >= 0:
+            raise ConfigError(f"lambda emulator: start latency {start_latency_ms} ms is negative")
+        self.code_dirs = check_code_dirs(code_dirs)
+        self.functions = check_functions(functions, self.code_dirs)
+        self.concurrency, self.memory_mb = concurrency, memory_mb
+        self.timeout_s, self.start_latency_ms = timeout_s, start_latency_ms
+        self._lock = threading.Lock()
+        self._counters = _Counters()
+        self._in_flight = 0
+        self._event_threads: set[threading.Thread] = set()
+        self._closed = False
+        try:
+            self._httpd = _HTTPServer((host, port), self)
+        except OSError as exc:
+            raise ConfigError(f"lambda emulator: cannot listen on {host}:{port}: "
+                              f"{exc.strerror or exc}") from exc
+        try:
+            self._pool = WorkerPool(concurrency, self.code_dirs)
+        except BaseException:
+            self._httpd.server_close()
+            raise
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.1,),
+                                        name="lambda-emulator-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def host(self) -> str:
+        return self._httpd.server_address[0]
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start or the last reset, plus ``in_flight`` now and the settings.
+        ``billed_gb_s = billed_ms / 1000 * memory_mb / 1024``."""
+        with self._lock:
+            out: dict[str, Any] = dataclasses.asdict(self._counters)
+            out["in_flight"] = self._in_flight
+        out["billed_gb_s"] = out["billed_ms"] / 1000 * self.memory_mb / 1024
+        out.update(memory_mb=self.memory_mb, concurrency=self.concurrency,
+                   timeout_s=self.timeout_s, start_latency_ms=self.start_latency_ms)
+        return out
+
+    def reset_stats(self) -> None:
+        """Zero the counters; calls in flight stay counted in ``in_flight`` and the peak."""
+        with self._lock:
+            self._counters = _Counters(peak_concurrency=self._in_flight)
+
+    def close(self) -> None:
+        """Stop serving, drop open connections, stop the workers. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._httpd.shutdown()
+        self._httpd.drop_connections()
+        self._httpd.server_close()
+        self._thread.join(5.0)
+        self._pool.close()
+        with self._lock:
+            events = list(self._event_threads)
+        for thread in events:  # their workers are gone, so they end at once
+            thread.join(5.0)
+
+    def __enter__(self) -> EmulatorServer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- used by the request handler ------------------------------------------------------
+
+    def _admit(self) -> bool:
+        with self._lock:
+            if self._in_flight >= self.concurrency:
+                self._counters.throttles += 1
+                return False
+            self._in_flight += 1
+            self._counters.invocations += 1
+            self._counters.peak_concurrency = max(self._counters.peak_concurrency,
+                                                  self._in_flight)
+            return True
+
+    def _count_dry_run(self) -> None:
+        with self._lock:
+            self._counters.dry_runs += 1
+
+    def _execute(self, call: dict[str, Any]) -> tuple[Outcome, int]:
+        """Run an admitted call; -> (outcome, billed ms). Frees its slot before returning, so
+        that a client that calls again right after the reply is not throttled by it."""
+        try:
+            if self.start_latency_ms:
+                time.sleep(self.start_latency_ms / 1000)
+            outcome = self._pool.run(call, self.timeout_s)
+            if outcome.ok and len(outcome.body) > SYNC_PAYLOAD_LIMIT:
+                outcome = dataclasses.replace(outcome, ok=False, body=json.dumps({
+                    "errorMessage": "Response payload size exceeded maximum allowed payload "
+                                    f"size ({SYNC_PAYLOAD_LIMIT} bytes).",
+                    "errorType": "Function.ResponseSizeTooLarge"}).encode())
+            # A call that never reached a worker (emulator shutting down) bills nothing.
+            billed = billed_ms(outcome.duration_ns) if outcome.duration_ns else 0
+            with self._lock:
+                self._counters.billed_ms += billed
+                self._counters.duration_ms += outcome.duration_ns / 1e6
+                self._counters.errors += not outcome.ok
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        return outcome, billed
+
+    def _report_line(self, request_id: str, outcome: Outcome, billed: int) -> str:
+        line = (f"REPORT RequestId: {request_id}\tDuration: {outcome.duration_ns / 1e6:.2f} ms\t"
+                f"Billed Duration: {billed} ms\tMemory Size: {self.memory_mb} MB\t"
+                f"Max Memory Used: {outcome.max_rss_mb} MB")
+        if outcome.init_ns:
+            line += f"\tInit Duration: {outcome.init_ns / 1e6:.2f} ms"
+        return line + "\n"
+
+    def _start_event(self, call: dict[str, Any]) -> None:
+        thread = threading.Thread(target=self._run_event, args=(call,), daemon=True,
+                                  name=f"lambda-event-{call['request_id'][:8]}")
+        with self._lock:
+            self._event_threads.add(thread)
+        thread.start()
+
+    def _run_event(self, call: dict[str, Any]) -> None:
+        try:
+            outcome, _ = self._execute(call)
+            if not outcome.ok:
+                logger.warning("lambda emulator: Event call %s of %s failed: %s",
+                               call["request_id"], call["function_name"],
+                               outcome.body.decode(errors="replace")[:1000])
+        except Exception:
+            logger.exception("lambda emulator: Event call %s failed", call["request_id"])
+        finally:
+            with self._lock:
+                self._event_threads.discard(threading.current_thread())
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], app: EmulatorServer):
+        self.app = app
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host's FQDN, which can stall on a machine
+        # without DNS; the name is never used here.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+    def process_request(self, request, client_address) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Wake every connection thread (idle keep-alive ones block in a read) so it ends."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that vanished mid-request is not the server's problem; keep stderr clean.
+        logger.debug("lambda emulator: connection from %s ended with an error", client_address,
+                     exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: SDK clients reuse connections
+    server_version = "DorylusLambdaEmulator"
+    timeout = 120  # seconds an idle keep-alive connection or a stalled upload may hold a thread
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body leave in separate writes; without this, Nagle's algorithm and the
+        # client's delayed ACK add ~40 ms to every reply.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        self._replied = False
+        try:
+            self._route(self._read_body())
+        except _ApiError as exc:
+            self._send_api_error(exc)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception:
+            logger.exception("lambda emulator: internal error on %s %s", self.command, self.path)
+            self.close_connection = True
+            if not self._replied:
+                self._send_api_error(_ApiError(500, "ServiceException", "internal emulator error"))
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
+
+    def _route(self, body: bytes) -> None:
+        path, _, query = self.path.partition("?")
+        match = _INVOKE_PATH.fullmatch(path)
+        if match:
+            self._require("POST")
+            self._invoke(unquote(match.group(1)), parse_qs(query), body)
+        elif path == "/emulator/health":
+            self._require("GET")
+            self._send(200, json.dumps({"status": "ok", "url": self.server.app.url}).encode())
+        elif path == "/emulator/stats":
+            self._require("GET")
+            self._send(200, json.dumps(self.server.app.stats()).encode())
+        elif path == "/emulator/stats/reset":
+            self._require("POST")
+            self.server.app.reset_stats()
+            self._send(200, json.dumps(self.server.app.stats()).encode())
+        else:
+            raise _ApiError(404, "UnknownOperationException",
+                            f"no operation at {self.command} {path}")
+
+    def _require(self, method: str) -> None:
+        if self.command != method:
+            raise _ApiError(405, "MethodNotAllowedException",
+                            f"{self.command} is not allowed here; use {method}",
+                            headers={"Allow": method})
+
+    def _invoke(self, raw_name: str, query: dict[str, list[str]], body: bytes) -> None:
+        app = self.server.app
+        name, qualifier = parse_function_name(raw_name)
+        qualifier = query.get("Qualifier", [qualifier])[0]
+        region_match = _REGION_IN_AUTH.search(self.headers.get("Authorization", ""))
+        region = region_match.group(1) if region_match else "us-east-1"
+        arn = f"arn:aws:lambda:{region}:{ACCOUNT_ID}:function:{name}"
+        if qualifier:
+            arn += f":{qualifier}"
+        invocation_type = self.headers.get("X-Amz-Invocation-Type", "RequestResponse")
+        if invocation_type not in _INVOCATION_TYPES:
+            raise _ApiError(400, "InvalidParameterValueException",
+                            f"Unsupported invocation type {invocation_type!r}; use one of "
+                            + ", ".join(_INVOCATION_TYPES))
+        spec = app.functions.get(name)
+        if spec is None:
+            raise _ApiError(404, "ResourceNotFoundException", f"Function not found: {arn}")
+        limit = EVENT_PAYLOAD_LIMIT if invocation_type == "Event" else SYNC_PAYLOAD_LIMIT
+        if len(body) > limit:
+            raise _ApiError(413, "RequestTooLargeException",
+                            f"Request must be smaller than {limit} bytes for the InvokeFunction "
+                            "operation")
+        if body.strip():
+            try:
+                json.loads(body)
+            except ValueError as exc:
+                raise _ApiError(400, "InvalidRequestContentException",
+                                f"Could not parse request body into json: {exc}") from exc
+        if invocation_type == "DryRun":
+            app._count_dry_run()
+            self._send(204, b"")
+            return
+        if not app._admit():
+            raise _ApiError(429, "TooManyRequestsException", "Rate Exceeded.",
+                            extra={"Reason": "ConcurrentInvocationLimitExceeded"},
+                            headers={"Retry-After": "1"})
+        request_id = str(uuid.uuid4())
+        call = {"request_id": request_id, "function_name": name, "handler": spec,
+                "invoked_function_arn": arn, "memory_mb": app.memory_mb, "region": region,
+                "payload": body}
+        if invocation_type == "Event":
+            app._start_event(call)
+            self._send(202, b"", {"x-amzn-RequestId": request_id})
+            return
+        outcome, billed = app._execute(call)
+        headers = {"x-amzn-RequestId": request_id, "X-Amz-Executed-Version": "$LATEST",
+                   "X-Dorylus-Billed-Ms": str(billed),
+                   "X-Dorylus-Duration-Ms": f"{outcome.duration_ns / 1e6:.6f}"}
+        if not outcome.ok:
+            headers["X-Amz-Function-Error"] = "Unhandled"
+        if self.headers.get("X-Amz-Log-Type") == "Tail":
+            log = (outcome.log + app._report_line(request_id, outcome, billed)).encode()
+            headers["X-Amz-Log-Result"] = base64.b64encode(log[-LOG_TAIL_BYTES:]).decode()
+        self._send(200, outcome.body, headers)
+
+    # -- HTTP plumbing ----------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return b""
+        if not raw.strip().isdigit():
+            self.close_connection = True
+            raise _ApiError(400, "InvalidRequestContentException",
+                            f"invalid Content-Length {raw!r}")
+        length = int(raw)
+        if length > _DRAIN_LIMIT:
+            self.close_connection = True
+            raise _ApiError(413, "RequestTooLargeException",
+                            f"Request must be smaller than {SYNC_PAYLOAD_LIMIT} bytes")
+        return self.rfile.read(length)
+
+    def _read_chunked(self) -> bytes:
+        chunks, total = [], 0
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                self.close_connection = True
+                raise _ApiError(400, "InvalidRequestContentException",
+                                "malformed chunked request body") from None
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # optional trailer headers
+                    pass
+                return b"".join(chunks)
+            total += size
+            if total > _DRAIN_LIMIT:
+                self.close_connection = True
+                raise _ApiError(413, "RequestTooLargeException",
+                                f"Request must be smaller than {SYNC_PAYLOAD_LIMIT} bytes")
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline(1024)  # the CRLF that ends the chunk
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self._replied = True
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if status != 204:
+            self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _send_api_error(self, exc: _ApiError) -> None:
+        key = "Message" if exc.code in _CAPITALIZED_MESSAGE else "message"
+        body = {"Type": "Service" if exc.code == "ServiceException" else "User",
+                key: exc.message, **exc.extra}
+        self._send(exc.status, json.dumps(body).encode(),
+                   {"x-amzn-ErrorType": exc.code, "x-amzn-RequestId": str(uuid.uuid4()),
+                    **exc.headers})
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None):
+        # http.server calls this for requests it cannot parse; answer in the API's error shape,
+        # with a status line even when the request line was too mangled to name a version.
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.1"
+        self.close_connection = True
+        error_type = {404: "UnknownOperationException", 405: "MethodNotAllowedException",
+                      501: "UnknownOperationException"}.get(
+            code, "ServiceException" if code >= 500 else "InvalidRequestContentException")
+        try:
+            self._send_api_error(_ApiError(code, error_type,
+                                           message or HTTPStatus(code).phrase))
+        except (ConnectionError, TimeoutError):
+            pass
+
+    def log_message(self, format: str, *args) -> None:
+        logger.debug("lambda emulator: %s %s", self.address_string(), format % args)
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] | None = None,
+          concurrency: int | None = None, memory_mb: int = 1024, timeout_s: float = MAX_TIMEOUT_S,
+          start_latency_ms: float = 0.0, code_dirs: Sequence[str] = ()) -> EmulatorServer:
+    """Start an emulator in background threads and return it once every worker is ready.
+
+    ``functions``: ``{name: "package.module:function"}`` (default: ``dorylus-gcn`` ->
+    ``lambdas.handler:handler``). ``concurrency``: worker processes = most calls in flight
+    (default: CPU count, at least 2). ``code_dirs``: directories put first on the workers'
+    import path, like a function's unpacked code bundle. Stop it with ``close()`` or a
+    ``with`` block.
+    """
+    return EmulatorServer(host, port, DEFAULT_FUNCTIONS if functions is None else functions,
+                          default_concurrency() if concurrency is None else concurrency,
+                          memory_mb, timeout_s, start_latency_ms, code_dirs)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dorylus lambda-emulator``."""
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: %(default)s; 0.0.0.0 accepts "
+                             "other machines: the API has no authentication)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="TCP port (default: %(default)s; 0 picks a free port, see the "
+                             "startup line)")
+    parser.add_argument("--function", action="append", metavar="NAME=MODULE:CALLABLE",
+                        help="register a function: invocations of NAME run CALLABLE(event, "
+                             "context) from the importable MODULE; repeatable (default: "
+                             + ", ".join(f"{k}={v}" for k, v in DEFAULT_FUNCTIONS.items()) + ")")
+    parser.add_argument("--code-dir", action="append", default=[], metavar="DIR",
+                        help="directory put first on the handlers' import path, e.g. an "
+                             "unpacked function bundle; repeatable")
+    parser.add_argument("--concurrency", type=int, default=default_concurrency(),
+                        help="worker processes, i.e. the most calls in flight at once; more are "
+                             "refused with 429 TooManyRequestsException (default: CPU count, "
+                             "%(default)s)")
+    parser.add_argument("--memory-mb", type=int, default=1024,
+                        help="function memory size in MB: billed as GB-seconds and shown to the "
+                             "handler, not enforced (default: %(default)s)")
+    parser.add_argument("--timeout-s", type=float, default=MAX_TIMEOUT_S,
+                        help="a call running longer is a function error (Sandbox.Timedout) and "
+                             "its worker is replaced (default: %(default)s, Lambda's maximum)")
+    parser.add_argument("--start-latency-ms", type=float, default=0.0,
+                        help="latency added before every call to model Lambda's invoke/start "
+                             "overhead; not billed (default: %(default)s)")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly; returns 0."""
+    functions = parse_function_args(args.function) if args.function else None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with serve(args.host, args.port, functions, args.concurrency, args.memory_mb,
+                   args.timeout_s, args.start_latency_ms, args.code_dir) as server:
+            print(f"lambda emulator listening on {server.url} (concurrency {server.concurrency}, "
+                  f"memory {server.memory_mb} MB)", flush=True)
+            while not stop.wait(0.5):
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,138 @@
+"""Worker process of the Lambda emulator: one sandbox that runs one call at a time.
+
+The server talks to a worker over a multiprocessing pipe with pickled messages:
+
+* worker -> server, once at start: ``("ready", pid)``
+* server -> worker: a call ``dict`` (see :func:`run_call`), or ``None`` to exit
+* worker -> server: a result ``dict``: ``ok`` (bool), ``body`` (bytes: the handler's JSON
+  result, or Lambda's error object ``{"errorMessage", "errorType", "requestId", "stackTrace"}``),
+  ``duration_ns`` (import + handler wall time in this process), ``init_ns`` (import part),
+  ``log`` (what the call printed, framed by Lambda's START/END lines), ``max_rss_mb``.
+
+Timeouts and crashes are the server's business: it kills this process and starts another, the
+way Lambda discards a sandbox. Only the standard library is imported here, so a fresh worker
+starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+
+class LambdaContext:
+    """The context object that Lambda's Python runtime passes as the handler's second argument.
+
+    ``memory_limit_in_mb`` is a string, as in the real runtime, so that code written against
+    the emulator behaves the same in AWS.
+    """
+
+    def __init__(self, call: dict[str, Any]):
+        self.function_name: str = call["function_name"]
+        self.function_version: str = "$LATEST"
+        self.invoked_function_arn: str = call["invoked_function_arn"]
+        self.memory_limit_in_mb: str = str(call["memory_mb"])
+        self.aws_request_id: str = call["request_id"]
+        self.log_group_name: str = f"/aws/lambda/{self.function_name}"
+        self.log_stream_name: str = call["log_stream_name"]
+        self.identity = None
+        self.client_context = None
+        self._deadline = call["deadline"]  # time.monotonic() value, shared clock with the server
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def _error_body(request_id: str, error_type: str, message: str, stack: list[str]) -> bytes:
+    return json.dumps({"errorMessage": message, "errorType": error_type,
+                       "requestId": request_id, "stackTrace": stack}).encode()
+
+
+class _HandlerLoadError(Exception):
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+def _load_handler(spec: str) -> Callable[[Any, LambdaContext], Any]:
+    """Import ``package.module:function``; failures get the error types Lambda reports."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # anything the module raises on import, like Lambda's INIT
+        raise _HandlerLoadError("Runtime.ImportModuleError",
+                                f"Unable to import module '{module_name}': {exc}") from exc
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise _HandlerLoadError("Runtime.HandlerNotFound",
+                                f"Handler '{attr}' missing on module '{module_name}'")
+    return handler
+
+
+def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, Any]:
+    """Run one invocation. ``call`` keys: request_id, function_name, handler (spec),
+    invoked_function_arn, memory_mb, deadline, log_stream_name, region, payload (JSON bytes,
+    empty means ``{}``)."""
+    request_id, spec = call["request_id"], call["handler"]
+    os.environ.update(AWS_LAMBDA_FUNCTION_NAME=call["function_name"],
+                      AWS_LAMBDA_FUNCTION_VERSION="$LATEST",
+                      AWS_LAMBDA_FUNCTION_MEMORY_SIZE=str(call["memory_mb"]),
+                      AWS_REGION=call["region"], AWS_DEFAULT_REGION=call["region"])
+    log = io.StringIO()
+    log.write(f"START RequestId: {request_id} Version: $LATEST\n")
+    ok, init_ns = False, 0
+    start = time.perf_counter_ns()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            handler = handlers.get(spec)
+            if handler is None:
+                handler = handlers[spec] = _load_handler(spec)
+                init_ns = time.perf_counter_ns() - start
+            payload = call["payload"]
+            event = json.loads(payload) if payload.strip() else {}
+            result = handler(event, LambdaContext(call))
+            try:
+                body, ok = json.dumps(result).encode(), True
+            except (TypeError, ValueError) as exc:
+                body = _error_body(request_id, "Runtime.MarshalError",
+                                   f"Unable to marshal response: {exc}", [])
+        except _HandlerLoadError as exc:
+            body = _error_body(request_id, exc.error_type, str(exc), [])
+            print(f"[ERROR] {exc.error_type}: {exc}")
+        except Exception as exc:
+            # Drop this module's own frame, as Lambda drops its runtime's frames.
+            stack = traceback.format_tb(exc.__traceback__.tb_next) if exc.__traceback__ else []
+            body = _error_body(request_id, type(exc).__name__, str(exc), stack)
+            print(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(stack)}", end="")
+    duration_ns = time.perf_counter_ns() - start
+    log.write(f"END RequestId: {request_id}\n")
+    max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux: KiB
+    return {"ok": ok, "body": body, "duration_ns": duration_ns, "init_ns": init_ns,
+            "log": log.getvalue(), "max_rss_mb": max_rss_mb}
+
+
+def worker_main(conn, code_dirs: tuple[str, ...] = ()) -> None:
+    """Process entry point: serve calls from ``conn`` until ``None`` or the pipe closes.
+    ``code_dirs`` go first on the import path, as a function's code directory does in Lambda."""
+    sys.path[:0] = list(code_dirs)
+    # Ctrl-C reaches the whole process group; the server decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handlers: dict[str, Callable] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):
+            return
+        if call is None:
+            return
+        conn.send(run_call(call, handlers))

@@ -1,0 +1,64 @@
+"""Handler functions the emulator tests register (imported in the emulator's worker processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def echo(event, context):
+    """Return the event, the context's fields and two remaining-time readings 20 ms apart."""
+    first = context.get_remaining_time_in_millis()
+    time.sleep(0.02)
+    second = context.get_remaining_time_in_millis()
+    return {
+        "event": event,
+        "pid": os.getpid(),
+        "remaining_ms": [first, second],
+        "context": {name: getattr(context, name) for name in (
+            "function_name", "function_version", "invoked_function_arn", "memory_limit_in_mb",
+            "aws_request_id", "log_group_name", "log_stream_name")},
+        "env_function_name": os.environ.get("AWS_LAMBDA_FUNCTION_NAME"),
+    }
+
+
+def sleep(event, context):
+    """Sleep ``event["seconds"]``, then append the request id to ``event["marker"]`` if given."""
+    time.sleep(event["seconds"])
+    if "marker" in event:
+        with open(event["marker"], "a") as f:
+            f.write(context.aws_request_id + "\n")
+    return {"slept": event["seconds"]}
+
+
+def noop(event, context):
+    return None
+
+
+def fail(event, context):
+    raise ValueError(event.get("message", "boom"))
+
+
+def crash(event, context):
+    os._exit(3)
+
+
+def unserializable(event, context):
+    return {"value": object()}
+
+
+def chatty(event, context):
+    for _ in range(event.get("lines", 1)):
+        print(f"hello from {context.function_name}: {event['word']}")
+    return "ok"
+
+
+def big(event, context):
+    return "a" * event["n"]
+
+
+def touch(event, context):
+    """Create ``event["marker"]``: evidence that the call ran."""
+    Path(event["marker"]).write_text(context.aws_request_id)
+    return None
