@@ -1,0 +1,162 @@
+"""Time and peak memory of partitioning a dataset and writing/opening its partition store.
+
+Stages: load the dataset, ``assign_parts``, ``write_store``, ``open_store`` with checksum
+verification plus loading (and range-checking) every part, and ``partition_stats`` from the
+store. Peak memory per stage is the process' resident high-water mark (``VmHWM``, reset before
+each stage through ``/proc/self/clear_refs``; ``ru_maxrss``, a lifetime peak, where that is
+unavailable).
+
+    python benchmarks/bench_partition.py                       # synthetic-reddit, 4 METIS parts
+    python benchmarks/bench_partition.py cora --parts 2 --method random
+    python benchmarks/bench_partition.py /path/to/graph.npz --parts 8
+
+Prints a table and writes ``benchmarks/results/partition-<dataset>-<parts>.json``. The store
+is written under ``--workdir`` (default: the system temp dir) and deleted unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dorylus.data.graph import GraphDataset
+from dorylus.partition import METHODS, assign_parts, format_stats, open_store, partition_stats, write_store
+
+CORA = Path("/work/shared/data/cora.npz")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _rss_mb() -> float:
+    kb = _status_kb("VmRSS")
+    return kb / 1024 if kb is not None else float("nan")
+
+
+def _peak_mb(per_stage: bool) -> float:
+    kb = _status_kb("VmHWM") if per_stage else None
+    return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def load(spec: str) -> GraphDataset:
+    """A dataset spec: ``cora``, a ``.npz`` path, or anything ``dorylus.data.loaders`` reads."""
+    if spec == "cora":
+        spec = str(CORA)
+    try:
+        from dorylus.data.loaders import load_dataset
+    except ImportError:  # loaders not available: read a Dorylus .npz archive directly
+        data = np.load(spec, allow_pickle=False)
+        labels = data["labels"]
+        return GraphDataset(
+            name=Path(spec).stem, src=data["src"], dst=data["dst"], features=data["features"], labels=labels,
+            train_mask=data["train_mask"], val_mask=data["val_mask"], test_mask=data["test_mask"],
+            num_classes=int(data["num_classes"]) if "num_classes" in data.files else int(labels.max()) + 1,
+            directed=bool(data["directed"]) if "directed" in data.files else False,
+        ).validate(spec)
+    return load_dataset(spec)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", nargs="?", default="synthetic-reddit",
+                        help="preset name, 'cora', or a dataset path (default: synthetic-reddit)")
+    parser.add_argument("--parts", type=int, default=4, help="number of parts (default: 4)")
+    parser.add_argument("--method", choices=METHODS, default="metis", help="partitioner (default: metis)")
+    parser.add_argument("--seed", type=int, default=0, help="partitioner seed (default: 0)")
+    parser.add_argument("--workdir", default=None, help="where the store is written (default: system temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the written store and print its path")
+    args = parser.parse_args(argv)
+
+    per_stage = _reset_peak()
+    stages: list[dict] = []
+
+    def stage(name: str, fn):
+        per_stage_now = _reset_peak()
+        rss_before = _rss_mb()
+        start = time.perf_counter()
+        result = fn()
+        stages.append({"stage": name, "seconds": time.perf_counter() - start, "rss_before_mb": rss_before,
+                       "peak_rss_mb": _peak_mb(per_stage_now)})
+        print(f"  {name}: {stages[-1]['seconds']:.2f} s, peak RSS {stages[-1]['peak_rss_mb']:.0f} MB", flush=True)
+        return result
+
+    print(f"partition benchmark: {args.dataset}, {args.parts} parts, {args.method}", flush=True)
+    dataset = stage("load dataset", lambda: load(args.dataset))
+    parts = stage("assign_parts", lambda: assign_parts(dataset.num_nodes, dataset.src, dataset.dst,
+                                                       args.parts, args.method, seed=args.seed))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-partition-", dir=args.workdir))
+    try:
+        out = workdir / "store"
+        stage("write_store", lambda: write_store(dataset, parts, out, method=args.method, seed=args.seed))
+        store_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+        def open_and_load():
+            store = open_store(out, verify=True)
+            for i in range(store.num_parts):
+                store.load_part(i, mmap=True)
+            return store
+
+        store = stage("open_store+verify+load", open_and_load)
+        stats = stage("partition_stats", lambda: partition_stats(store))
+    finally:
+        if args.keep:
+            print(f"store kept at {workdir / 'store'}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    name = Path(args.dataset).stem if args.dataset.endswith(".npz") else args.dataset
+    result = {
+        "benchmark": "partition", "dataset": args.dataset, "num_nodes": dataset.num_nodes,
+        "num_edges": dataset.num_edges, "num_features": dataset.num_features, "parts": args.parts,
+        "method": args.method, "seed": args.seed, "store_mb": store_bytes / 2**20, "stages": stages,
+        "peak_memory_is_per_stage": per_stage, "partition": stats["global"],
+        "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
+                    "platform": platform.platform()},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+    print()
+    print(f"{args.dataset}: N={dataset.num_nodes:,} E={dataset.num_edges:,} F={dataset.num_features}, "
+          f"{args.parts} parts by {args.method}; store {result['store_mb']:.1f} MB")
+    width = max(len(s["stage"]) for s in stages)
+    print(f"{'stage'.ljust(width)}  {'seconds':>8}  {'peak RSS MB':>11}")
+    for s in stages:
+        print(f"{s['stage'].ljust(width)}  {s['seconds']:8.2f}  {s['peak_rss_mb']:11.0f}")
+    print()
+    print(format_stats(stats))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"partition-{name}-{args.parts}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

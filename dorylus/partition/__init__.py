@@ -1,0 +1,27 @@
+"""Partitioning a graph and the on-disk partition store that graph servers load (DESIGN §6)."""
+
+from dorylus.partition.partitioner import METHODS, assign_parts
+from dorylus.partition.stats import format_stats, partition_stats
+from dorylus.partition.store import (
+    FORMAT_VERSION,
+    Partition,
+    PartitionStore,
+    StoreMeta,
+    open_store,
+    reassemble,
+    write_store,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METHODS",
+    "Partition",
+    "PartitionStore",
+    "StoreMeta",
+    "assign_parts",
+    "format_stats",
+    "open_store",
+    "partition_stats",
+    "reassemble",
+    "write_store",
+]

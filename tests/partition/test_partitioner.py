@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dorylus.errors import ConfigError, DatasetError
+from dorylus.normalize import gcn_normalize
+from dorylus.partition import METHODS, assign_parts, partition_stats
+from dorylus.partition.partitioner import symmetric_csr
+
+CORA = Path("/work/shared/data/cora.npz")
+
+# Two triangles joined by an edge, a separate edge, an isolated vertex; a duplicate and a self-loop.
+SRC = np.array([0, 1, 2, 2, 3, 4, 5, 1, 6, 7, 3])
+DST = np.array([1, 2, 0, 3, 4, 5, 3, 0, 7, 7, 4])
+N = 9
+
+
+def test_symmetric_csr_matches_dense_adjacency():
+    rng = np.random.default_rng(0)
+    n = 30
+    src, dst = rng.integers(0, n, 200), rng.integers(0, n, 200)
+    dense = np.zeros((n, n), dtype=bool)
+    dense[dst, src] = dense[src, dst] = True
+    np.fill_diagonal(dense, False)
+
+    xadj, adjncy = symmetric_csr(n, src, dst)
+
+    assert xadj.dtype == adjncy.dtype == np.int64
+    for v in range(n):
+        assert adjncy[xadj[v]:xadj[v + 1]].tolist() == np.flatnonzero(dense[v]).tolist()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 4])
+def test_every_vertex_gets_a_part_and_no_part_is_empty(method, num_parts):
+    parts = assign_parts(N, SRC, DST, num_parts, method, seed=1)
+    assert parts.shape == (N,) and parts.dtype == np.int64
+    assert np.bincount(parts, minlength=num_parts).min() >= 1
+    assert parts.max() == num_parts - 1
+
+
+def test_unknown_method_lists_valid_ones():
+    with pytest.raises(ConfigError, match="unknown partitioner 'kahip'; valid: metis, random, contiguous"):
+        assign_parts(N, SRC, DST, 2, "kahip")
+
+
+@pytest.mark.parametrize("num_parts", [0, -1, N + 1])
+def test_num_parts_out_of_range(num_parts):
+    with pytest.raises(ConfigError, match=f"between 1 and the number of vertices \\({N}\\), got {num_parts}"):
+        assign_parts(N, SRC, DST, num_parts, "random")
+
+
+def test_edge_ids_out_of_range():
+    with pytest.raises(DatasetError, match=r"outside \[0, 9\)"):
+        assign_parts(N, np.array([0, 9]), np.array([1, 2]), 2, "metis")
+
+
+def test_contiguous_is_equal_id_ranges():
+    assert assign_parts(10, SRC, DST, 3, "contiguous").tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_random_is_balanced_seeded_and_shuffled():
+    a = assign_parts(1000, SRC, DST, 3, "random", seed=5)
+    sizes = np.bincount(a)
+    assert sizes.max() - sizes.min() <= 1
+    assert np.array_equal(a, assign_parts(1000, SRC, DST, 3, "random", seed=5))
+    assert not np.array_equal(a, assign_parts(1000, SRC, DST, 3, "random", seed=6))
+    assert np.any(np.diff(a) < 0)  # not contiguous ranges
+
+
+def test_metis_single_part_does_not_call_metis(monkeypatch):
+    import pymetis
+
+    def boom(*args, **kwargs):
+        raise AssertionError("METIS called for one part")
+
+    monkeypatch.setattr(pymetis, "part_graph", boom)
+    assert assign_parts(N, SRC, DST, 1, "metis").tolist() == [0] * N
+
+
+def test_metis_separates_disconnected_cliques():
+    # Four 5-cliques: the only zero-cut balanced 4-way split puts each clique in its own part.
+    src, dst = [], []
+    for c in range(4):
+        members = range(5 * c, 5 * c + 5)
+        src += [u for u in members for v in members if u != v]
+        dst += [v for u in members for v in members if u != v]
+    parts = assign_parts(20, np.array(src), np.array(dst), 4, "metis", seed=3)
+    assert sorted(parts.reshape(4, 5)[:, 0].tolist()) == [0, 1, 2, 3]
+    assert all(len(set(row)) == 1 for row in parts.reshape(4, 5).tolist())
+
+
+def test_metis_fills_parts_it_leaves_empty():
+    # A 3-vertex path: METIS's best 2-way "cut" is everything in one part.
+    parts = assign_parts(3, np.array([0, 1]), np.array([1, 2]), 2, "metis")
+    assert sorted(np.bincount(parts, minlength=2).tolist()) == [1, 2]
+    # Isolated vertices only: every part still gets one.
+    parts = assign_parts(4, np.array([], dtype=np.int64), np.array([], dtype=np.int64), 4, "metis")
+    assert sorted(parts.tolist()) == [0, 1, 2, 3]
+
+
+def test_metis_is_deterministic_for_a_seed():
+    rng = np.random.default_rng(2)
+    src, dst = rng.integers(0, 300, 1500), rng.integers(0, 300, 1500)
+    assert np.array_equal(assign_parts(300, src, dst, 4, "metis", seed=7), assign_parts(300, src, dst, 4, "metis", seed=7))
+
+
+def test_metis_cuts_far_fewer_cora_edges_than_random():
+    if not CORA.exists():
+        pytest.skip(f"{CORA} not present")
+    data = np.load(CORA)
+    n = data["features"].shape[0]
+    adj = gcn_normalize(data["src"], data["dst"], n)
+    metis = partition_stats(assign_parts(n, data["src"], data["dst"], 4, "metis"), adj)["global"]
+    random = partition_stats(assign_parts(n, data["src"], data["dst"], 4, "random"), adj)["global"]
+    assert metis["edge_cut"] < 0.5 * random["edge_cut"]
+    assert metis["balance"] <= 1.05

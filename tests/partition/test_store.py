@@ -1,0 +1,347 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dorylus.data.graph import MASK_NAMES, GraphDataset
+from dorylus.errors import ConfigError, StoreError
+from dorylus.normalize import gcn_normalize
+from dorylus.partition import METHODS, assign_parts, format_stats, open_store, partition_stats, write_store
+from dorylus.partition.store import _sha256_file, reassemble
+
+CORA = Path("/work/shared/data/cora.npz")
+
+
+def make_dataset(n, src, dst, directed=False, name="toy", seed=0) -> GraphDataset:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, n)
+    labels[n - 1] = -1  # one unlabeled vertex, in no mask
+    split = np.arange(n) % 3
+    labelled = labels >= 0
+    return GraphDataset(
+        name=name, src=np.asarray(src), dst=np.asarray(dst), features=rng.random((n, 4), dtype=np.float32),
+        labels=labels, train_mask=(split == 0) & labelled, val_mask=(split == 1) & labelled,
+        test_mask=(split == 2) & labelled, num_classes=3, directed=directed,
+    )
+
+
+def undirected_toy() -> GraphDataset:
+    # Two triangles joined by an edge, a separate edge with a self-loop, an isolated vertex 8,
+    # and a duplicate edge (3, 4).
+    return make_dataset(9, [0, 1, 2, 2, 3, 4, 5, 1, 6, 7, 3], [1, 2, 0, 3, 4, 5, 3, 0, 7, 7, 4])
+
+
+def directed_toy() -> GraphDataset:
+    return make_dataset(8, [0, 0, 1, 2, 3, 4, 5, 6, 7, 2, 2], [1, 2, 2, 3, 0, 5, 6, 4, 4, 5, 2], directed=True, name="dtoy")
+
+
+def load_cora() -> GraphDataset:
+    if not CORA.exists():
+        pytest.skip(f"{CORA} not present")
+    data = np.load(CORA)
+    return GraphDataset(name="cora", **{k: data[k] for k in data.files}, num_classes=int(data["labels"].max()) + 1)
+
+
+def dense_a_hat(ds: GraphDataset) -> np.ndarray:
+    """Independent oracle: D^-1/2 (A + I) D^-1/2 with A[v, u] = 1 for an edge u -> v."""
+    a = np.zeros((ds.num_nodes, ds.num_nodes))
+    a[ds.dst, ds.src] = 1.0
+    if not ds.directed:
+        a[ds.src, ds.dst] = 1.0
+    np.fill_diagonal(a, 1.0)
+    inv_sqrt = 1.0 / np.sqrt(a.sum(axis=1))
+    return inv_sqrt[:, None] * a * inv_sqrt[None, :]
+
+
+def check_store(ds: GraphDataset, parts: np.ndarray, root: Path, a_hat: np.ndarray) -> None:
+    """Every invariant of the store layout, each against a computation independent of the writer."""
+    store = open_store(root)
+    n, num_parts = ds.num_nodes, int(parts.max()) + 1
+    meta = store.meta
+    assert (meta.num_nodes, meta.num_edges, meta.num_parts, meta.num_features) == (n, ds.num_edges, num_parts, ds.num_features)
+    assert (meta.train_count, meta.val_count, meta.test_count) == tuple(int(getattr(ds, m).sum()) for m in MASK_NAMES)
+    assert meta.nnz == np.count_nonzero(a_hat) and meta.symmetrized == (not ds.directed)
+    loaded = [store.load_part(i) for i in range(num_parts)]
+
+    # Every vertex owned exactly once, by the part it was assigned to.
+    for i, p in enumerate(loaded):
+        assert p.owned.tolist() == np.flatnonzero(parts == i).tolist()
+
+    edge_exists = a_hat != 0
+    np.fill_diagonal(edge_exists, False)  # edge_exists[v, u]: u is an in-neighbour of v
+    h = np.random.default_rng(1).standard_normal((n, 5))
+    for i, p in enumerate(loaded):
+        # Ghosts are exactly the remote in-neighbours of owned vertices, ordered by (owner, id).
+        in_neighbours = np.flatnonzero(edge_exists[p.owned].any(axis=0))
+        expected = in_neighbours[parts[in_neighbours] != i]
+        assert sorted(p.ghosts.tolist()) == expected.tolist()
+        assert p.ghosts.tolist() == sorted(expected.tolist(), key=lambda g: (parts[g], g))
+        for j in range(num_parts):
+            block = p.ghosts[p.ghost_offsets[j]:p.ghost_offsets[j + 1]]
+            assert np.all(parts[block] == j)
+            # What j sends to i is i's ghost block from j, in the same order.
+            q = loaded[j]
+            assert q.owned[q.send_rows(i)].tolist() == block.tolist()
+            assert p.global_ids()[p.ghost_rows(j)].tolist() == block.tolist()
+        # Local Gather over local ids equals the dense oracle's rows for owned vertices.
+        rows = np.repeat(np.arange(p.n_owned), np.diff(p.indptr))
+        z = np.zeros((p.n_owned, h.shape[1]))
+        np.add.at(z, rows, p.weights[:, None].astype(np.float64) * h[p.global_ids()][p.indices])
+        np.testing.assert_allclose(z, a_hat[p.owned] @ h, rtol=1e-6, atol=1e-7)
+
+    # Reassembled parts are exactly (bitwise) the global normalization and the original arrays.
+    back, adj = reassemble(store)
+    ref = gcn_normalize(ds.src, ds.dst, n, symmetrize=not ds.directed)
+    assert np.array_equal(adj.indptr, ref.indptr) and np.array_equal(adj.indices, ref.indices)
+    assert np.array_equal(adj.weights.view(np.uint32), ref.weights.view(np.uint32))
+    assert np.array_equal(adj.in_degree, ref.in_degree)
+    for field in ("features", "labels", *MASK_NAMES):
+        assert np.array_equal(getattr(back, field), getattr(ds, field)), field
+    again = gcn_normalize(back.src, back.dst, n, symmetrize=not back.directed)
+    assert np.array_equal(again.indices, ref.indices) and np.array_equal(again.weights, ref.weights)
+
+
+@pytest.mark.parametrize("graph", [undirected_toy, directed_toy, load_cora], ids=["undirected", "directed", "cora"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 4])
+def test_store_invariants(graph, method, num_parts, tmp_path):
+    ds = graph()
+    parts = assign_parts(ds.num_nodes, ds.src, ds.dst, num_parts, method, seed=0)
+    meta = write_store(ds, parts, tmp_path / "store", method=method, seed=0)
+    assert meta.partitioner == method and meta.num_parts == num_parts
+    check_store(ds, parts, tmp_path / "store", dense_a_hat(ds))
+    assert os.listdir(tmp_path) == ["store"]
+
+
+def test_cora_four_metis_parts_load_back_to_the_original_graph(tmp_path):
+    ds = load_cora()
+    parts = assign_parts(ds.num_nodes, ds.src, ds.dst, 4, "metis")
+    write_store(ds, parts, tmp_path / "s", method="metis", seed=0)
+    back, _ = reassemble(open_store(tmp_path / "s"))
+    n = ds.num_nodes
+    as_set = lambda s, d: set(np.unique(np.concatenate([d * n + s, s * n + d])).tolist()) - {v * n + v for v in range(n)}
+    assert as_set(back.src, back.dst) == as_set(ds.src, ds.dst)
+    assert back.num_classes == ds.num_classes and back.name == "cora"
+
+
+def test_mmap_loading_is_read_only(tmp_path):
+    ds = undirected_toy()
+    write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", method="contiguous", seed=0)
+    p = open_store(tmp_path / "s").load_part(1)
+    assert isinstance(p.weights, np.memmap) and not p.weights.flags.writeable
+    assert not isinstance(open_store(tmp_path / "s").load_part(1, mmap=False).weights, np.memmap)
+
+
+def test_meta_json_contents(tmp_path):
+    ds = undirected_toy()
+    parts = assign_parts(9, ds.src, ds.dst, 3, "random", seed=4)
+    write_store(ds, parts, tmp_path / "s", method="random", seed=4)
+    meta = json.loads((tmp_path / "s" / "meta.json").read_text())
+    assert meta == open_store(tmp_path / "s").meta.to_dict()
+    assert meta["format_version"] == 1 and meta["normalization"] == "gcn-sym-selfloop"
+    assert meta["dataset"] == "toy" and meta["num_edges"] == 11 and meta["seed"] == 4 and not meta["directed"]
+    assert meta["created_by"].startswith("dorylus ")
+    assert len(meta["files"]) == 3 * 13
+    for rel, digest in meta["files"].items():
+        assert _sha256_file(tmp_path / "s" / rel) == digest
+    assert [p["num_owned"] for p in meta["parts"]] == np.bincount(parts).tolist()
+
+
+@pytest.fixture
+def cora_store(tmp_path):
+    ds = load_cora()
+    write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 4, "metis"), tmp_path / "s", method="metis", seed=0)
+    return tmp_path / "s"
+
+
+def test_corrupt_file_is_named(cora_store):
+    path = cora_store / "part-2" / "weights.npy"
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="part-2/weights.npy is corrupt"):
+        open_store(cora_store)
+    store = open_store(cora_store, verify=False)
+    store.verify([0, 1, 3])  # the other parts are fine
+    with pytest.raises(StoreError, match="part-2/weights.npy is corrupt"):
+        store.verify([2])
+
+
+def test_missing_part_file_is_named(cora_store):
+    (cora_store / "part-1" / "labels.npy").unlink()
+    with pytest.raises(StoreError, match="missing file part-1/labels.npy"):
+        open_store(cora_store)
+    with pytest.raises(StoreError, match="missing file part-1/labels.npy"):
+        open_store(cora_store, verify=False).load_part(1)
+
+
+def rewrite_meta(root: Path, **changes) -> None:
+    meta = json.loads((root / "meta.json").read_text())
+    meta.update(changes)
+    (root / "meta.json").write_text(json.dumps(meta))
+
+
+def test_wrong_format_version(cora_store):
+    rewrite_meta(cora_store, format_version=2)
+    with pytest.raises(StoreError, match=f"partition store {cora_store} has format version 2; this dorylus reads 1"):
+        open_store(cora_store)
+
+
+def test_missing_and_malformed_meta(tmp_path, cora_store):
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError, match="has no meta.json"):
+        open_store(tmp_path / "empty")
+    (cora_store / "meta.json").write_text('{"format_version": 1, ')
+    with pytest.raises(StoreError, match="meta.json: not valid JSON"):
+        open_store(cora_store)
+    (cora_store / "meta.json").write_text('{"format_version": 1}')
+    with pytest.raises(StoreError, match="meta.json: missing key 'dataset'"):
+        open_store(cora_store)
+
+
+def test_meta_must_list_every_file(cora_store):
+    meta = json.loads((cora_store / "meta.json").read_text())
+    del meta["files"]["part-3/send_offsets.npy"]
+    (cora_store / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="does not list part-3/send_offsets.npy"):
+        open_store(cora_store)
+
+
+def replace_array(root: Path, rel: str, array: np.ndarray) -> None:
+    """Swap in a different array and record its checksum, so only the shape checks can catch it."""
+    np.save(root / rel, array)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["files"][rel] = _sha256_file(root / rel)
+    (root / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "rel, make_bad, message",
+    [
+        ("part-1/indices.npy", lambda a: a + 10**6, r"part-1/indices.npy: local ids must be in \[0, "),
+        ("part-0/features.npy", lambda a: a.astype(np.float64), r"part-0/features.npy has dtype float64"),
+        ("part-3/indptr.npy", lambda a: a[:-1], r"part-3/indptr.npy has dtype int64 shape"),
+        ("part-2/owned.npy", lambda a: a[::-1].copy(), r"part-2/owned.npy: global ids must be ascending"),
+        ("part-2/send_indices.npy", lambda a: a + 10**6, r"part-2/send_indices.npy: local ids must be owned"),
+        ("part-1/ghost_offsets.npy", lambda a: a[::-1].copy(), r"part-1/ghost_offsets.npy: offsets must rise"),
+    ],
+)
+def test_inconsistent_arrays_are_named(cora_store, rel, make_bad, message):
+    replace_array(cora_store, rel, make_bad(np.load(cora_store / rel)))
+    store = open_store(cora_store)  # checksums match the swapped files
+    part = int(rel.split("/")[0].split("-")[1])
+    with pytest.raises(StoreError, match=message):
+        store.load_part(part)
+
+
+def test_existing_non_empty_dir_is_refused_and_left_intact(tmp_path):
+    ds = undirected_toy()
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("precious")
+    with pytest.raises(StoreError, match="refusing to overwrite non-empty directory"):
+        write_store(ds, np.zeros(9, dtype=np.int64), target, method="contiguous", seed=0)
+    assert os.listdir(target) == ["keep.txt"] and (target / "keep.txt").read_text() == "precious"
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    # overwrite replaces only a partition store, never an arbitrary directory.
+    with pytest.raises(StoreError, match="not a partition store"):
+        write_store(ds, np.zeros(9, dtype=np.int64), target, method="contiguous", seed=0, overwrite=True)
+    assert os.listdir(target) == ["keep.txt"]
+
+
+def test_empty_existing_dir_is_used(tmp_path):
+    ds = undirected_toy()
+    (tmp_path / "out").mkdir()
+    write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "out", method="contiguous", seed=0)
+    assert open_store(tmp_path / "out").num_parts == 1
+
+
+def test_overwrite_replaces_a_store(tmp_path):
+    ds = undirected_toy()
+    write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "s", method="contiguous", seed=0)
+    parts = assign_parts(9, ds.src, ds.dst, 3, "random")
+    write_store(ds, parts, tmp_path / "s", method="random", seed=0, overwrite=True)
+    assert open_store(tmp_path / "s").num_parts == 3 and not (tmp_path / "s" / "part-0" / "extra").exists()
+    assert sorted(os.listdir(tmp_path / "s")) == ["meta.json", "part-0", "part-1", "part-2"]
+    assert os.listdir(tmp_path) == ["s"]
+
+
+def failing_third_save(monkeypatch):
+    real_save, calls = np.save, []
+
+    def save(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full (simulated)")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(np, "save", save)
+
+
+def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
+    ds = undirected_toy()
+    failing_third_save(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "random"), tmp_path / "s", method="random", seed=0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_overwrite_keeps_the_old_store(tmp_path, monkeypatch):
+    ds = undirected_toy()
+    write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "s", method="contiguous", seed=0)
+    before = (tmp_path / "s" / "meta.json").read_text()
+    failing_third_save(monkeypatch)
+    with pytest.raises(OSError, match="disk full"):
+        write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "random"), tmp_path / "s", method="random", seed=0, overwrite=True)
+    assert os.listdir(tmp_path) == ["s"]
+    assert (tmp_path / "s" / "meta.json").read_text() == before
+    open_store(tmp_path / "s")
+
+
+def test_assignment_with_an_empty_part_is_refused(tmp_path):
+    ds = undirected_toy()
+    with pytest.raises(ConfigError, match="leaves part 1 of 3 empty"):
+        write_store(ds, np.array([0, 0, 0, 2, 2, 2, 0, 0, 2]), tmp_path / "s", method="random", seed=0)
+    with pytest.raises(ConfigError, match=r"shape \(9,\)"):
+        write_store(ds, np.zeros(8, dtype=np.int64), tmp_path / "s", method="random", seed=0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_part_out_of_range(cora_store):
+    with pytest.raises(StoreError, match="has parts 0..3, not part 4"):
+        open_store(cora_store).load_part(4)
+
+
+def test_stats_of_a_path_by_hand(tmp_path):
+    # Path 0-1-2-3-4, contiguous into [0,1,2] and [3,4]: self-loops plus in-edges 0<-1, 1<-0,
+    # 1<-2, 2<-1, 2<-3 | 3<-2, 3<-4, 4<-3; entries 2<-3 and 3<-2 are cut.
+    ds = make_dataset(5, [0, 1, 2, 3], [1, 2, 3, 4])
+    parts = assign_parts(5, ds.src, ds.dst, 2, "contiguous")
+    assert parts.tolist() == [0, 0, 0, 1, 1]
+    write_store(ds, parts, tmp_path / "s", method="contiguous", seed=0)
+    stats = partition_stats(open_store(tmp_path / "s"))
+    assert stats["parts"] == [
+        {"part": 0, "owned": 3, "nnz": 3 + 5, "cut": 1, "ghosts": 1, "ghost_ratio": 1 / 3, "send": 1},
+        {"part": 1, "owned": 2, "nnz": 2 + 3, "cut": 1, "ghosts": 1, "ghost_ratio": 0.5, "send": 1},
+    ]
+    g = stats["global"]
+    assert (g["edge_cut"], g["edges"], g["edge_cut_fraction"], g["balance"]) == (2, 8, 0.25, 3 / 2.5)
+    table = format_stats(stats)
+    assert "edge cut: 2 of 8 edges (25.00%); balance (max/mean owned): 1.200" in table
+    assert table.splitlines()[0].split() == ["part", "owned", "in-edges", "cut", "in-edges", "ghosts", "ghosts/owned", "send", "rows"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_store_stats_agree_with_assignment_stats(method, tmp_path):
+    ds = load_cora()
+    parts = assign_parts(ds.num_nodes, ds.src, ds.dst, 3, method, seed=2)
+    write_store(ds, parts, tmp_path / "s", method=method, seed=2)
+    from_store = partition_stats(open_store(tmp_path / "s"))
+    assert from_store == partition_stats(parts, gcn_normalize(ds.src, ds.dst, ds.num_nodes))
+    assert from_store["global"]["ghosts"] == from_store["global"]["send"]
