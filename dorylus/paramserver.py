@@ -1,0 +1,516 @@
+"""The parameter server: weights, optimizer state, weight versions and the weight stash.
+
+One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3, §5)::
+
+    HELLO                                   -> READY    meta {num_layers, version, optimizer}
+    PULL_WEIGHTS layer, epoch, interval     -> WEIGHTS  layer, version, [W_layer]
+    PUSH_GRADS   layer, epoch, interval,    -> ACK      meta {duplicate}
+                 version, part, [dW_layer]
+    COMMAND step  {epoch[, expected]}       -> ACK      meta {version, grads}
+    COMMAND save  {path}                    -> ACK      meta {version, epoch, path}
+    COMMAND load  {path}                    -> ACK      meta {version, epoch, path}
+    COMMAND get_weights                     -> WEIGHTS  layer=0, version, [W_0, ..., W_{L-1}]
+    STATS                                   -> STATS    meta {pulls, pushes, ..., errors.<code>}
+    SHUTDOWN                                -> ACK, then the loop stops
+
+Weight versions and the stash
+-----------------------------
+Version ``v`` is the weights after ``v`` optimizer steps; each version's arrays are immutable
+(a step writes new arrays), so a version can be pinned and sent without copying. The stash key
+of a function call is ``(part, layer, epoch, interval)``; ``part`` comes from the header or
+``meta["part"]`` (default 0) because interval ids are local to a graph server.
+
+* PULL_WEIGHTS without ``version`` (forward): pins the key to the current version and returns
+  it. If the key is already pinned (a relaunched attempt), the pinned version is returned, so
+  every attempt of a call computes with the same weights.
+* PULL_WEIGHTS with ``version`` (backward): returns exactly that version while it is kept
+  (current or pinned by some key); otherwise ERROR ``out_of_range``.
+* Release: a PUSH_GRADS for the key (the gradient is the last use of the stashed weights), or a
+  PULL_WEIGHTS with ``meta={"release": True}`` (served, then released). A version that is
+  neither current nor pinned is freed at once.
+
+Gradients and the step
+----------------------
+Gradients are buffered per ``(epoch, layer)`` under the key ``(part, interval)``; the first
+push of a key wins, later pushes (retries, relaunched attempts, pushes for an epoch already
+stepped) are ACKed with ``meta={"duplicate": True}`` and dropped. ``step`` sums each layer's
+buffer in sorted ``(part, interval)`` order, accumulating in float64 and rounding once to
+float32, so the result does not depend on arrival order; then it runs one optimizer step over
+all layers (L2 weight decay per layer from ``LayerSpec.weight_decay``).
+
+Errors
+------
+Every bad request gets an ERROR reply and is counted (STATS ``errors.<code>``); the loop never
+dies on a message. Codes beyond :data:`dorylus.protocol.ERROR_CODES`: ``bad_command`` (unknown
+command or bad command arguments), ``incomplete`` (step without every layer's gradients, or a
+count other than ``expected``), ``checkpoint`` (a checkpoint that cannot be written or read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import zipfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import zmq
+
+from dorylus.errors import DorylusError
+from dorylus.models.spec import ModelSpec
+from dorylus.optim import make_optimizer
+from dorylus.protocol import (
+    REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, decode, encode, error_reply, reply_to,
+)
+
+CHECKPOINT_FORMAT = 1
+_POLL_MS = 50  # how often the loop checks for stop(): the bound on shutdown latency
+
+StashKey = tuple[int, int, int, int]  # (part, layer, epoch, interval)
+Reply = tuple[Header, list[np.ndarray]]
+
+
+class ParamServerError(DorylusError):
+    """A parameter server cannot start (bad bind address, bad model options)."""
+
+
+def _frozen(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+def _meta_int(header: Header, name: str, default: int | None = None) -> int:
+    value = header.meta.get(name, default)
+    if value is None:
+        raise ProtocolError("bad_command", f"{header.meta.get('command', header.op.value)}: "
+                            f"meta[{name!r}] is required", req=header.req)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError("bad_field", f"meta[{name!r}] must be a non-negative integer, got {value!r}",
+                            req=header.req)
+    return value
+
+
+class ParameterServer:
+    """Weights ``W_l`` (float32 ``[in_dim_l, out_dim_l]``) of one model and their optimizer.
+
+    Args:
+        spec: the model; initial weights are ``spec.init_weights(seed)``.
+        seed: weight-init seed (the reference trainer's ``config.seed``).
+        optimizer, lr: passed to :func:`dorylus.optim.make_optimizer` with the spec's per-layer
+            weight decays.
+        bind: ZeroMQ endpoint; a TCP port of 0 picks a free port (see :attr:`endpoint`).
+        context: ZeroMQ context to use; by default the server owns a new one.
+
+    Run the loop with :meth:`start` (background thread; :meth:`close` stops it) or
+    :meth:`serve_forever` (calling thread, until SHUTDOWN or :meth:`stop`).
+    """
+
+    def __init__(self, spec: ModelSpec, seed: int = 0, optimizer: str = "adam", lr: float = 0.01, *,
+                 bind: str = "tcp://127.0.0.1:0", context: zmq.Context | None = None):
+        self.spec = spec
+        self.optimizer_name = optimizer
+        self.num_layers = len(spec.layers)
+        self._optimizer = make_optimizer(optimizer, lr, [layer.weight_decay for layer in spec.layers])
+        self._versions: dict[int, list[np.ndarray]] = {0: _frozen(spec.init_weights(seed))}
+        self._version = 0
+        self._epoch = 0                      # last stepped epoch (0: none yet; epochs count from 1)
+        self._stepped: set[int] = set()
+        self._pins: dict[StashKey, int] = {}
+        # (epoch, layer) -> (part, interval) -> dW: one buffer per layer and epoch until its step
+        self._grads: dict[tuple[int, int], dict[tuple[int, int], np.ndarray]] = {}
+        self._bounds = Bounds(num_layers=self.num_layers)
+        self.counters = ProtocolCounters()
+        self._stats: Counter[str] = Counter()
+
+        self._own_context = context is None
+        self._context = zmq.Context() if context is None else context
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(_any_port(bind))
+        except zmq.ZMQError as exc:
+            self._close_socket()
+            raise ParamServerError(f"paramserver: cannot bind {bind}: {exc}") from None
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handlers: dict[Op, Callable[[Header, list[np.ndarray]], Reply]] = {
+            Op.HELLO: self._hello, Op.PULL_WEIGHTS: self._pull, Op.PUSH_GRADS: self._push,
+            Op.COMMAND: self._command, Op.STATS: self._stats_reply, Op.SHUTDOWN: self._shutdown,
+        }
+        self._commands: dict[str, Callable[[Header], Reply]] = {
+            "step": self._step, "save": self._save, "load": self._load, "get_weights": self._get_weights,
+        }
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> "ParameterServer":
+        """Serve in a daemon thread."""
+        if self._thread is not None:
+            raise RuntimeError("paramserver already started")
+        self._thread = threading.Thread(target=self._serve, name="paramserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until SHUTDOWN or :meth:`stop`."""
+        self._serve()
+
+    def stop(self) -> None:
+        """Ask the loop to stop (thread- and signal-safe); it exits within ``_POLL_MS``."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the loop thread to end; True when it has (or never ran)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop, wait for it at most ``timeout`` s, close the socket (linger 0)."""
+        self.stop()
+        if not self.join(timeout):
+            raise RuntimeError(f"paramserver loop did not stop within {timeout} s")
+        self._close_socket()
+
+    @property
+    def closed(self) -> bool:
+        return self._socket.closed
+
+    def _close_socket(self) -> None:
+        if not self._socket.closed:
+            self._socket.close(linger=0)
+        if self._own_context and not self._context.closed:
+            self._context.term()
+
+    def __enter__(self) -> "ParameterServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- loop
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if self._socket.poll(_POLL_MS, zmq.POLLIN):
+                self._handle(self._socket.recv_multipart(copy=False))
+
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        self._stats["bytes_in"] += sum(f.buffer.nbytes for f in frames[1:])
+        header: Header | None = None
+        try:
+            header, tensors = decode(frames[1:], self._bounds, check_finite=True)
+            handler = self._handlers.get(header.op)
+            if handler is None:
+                raise ProtocolError("unknown_op", f"the parameter server does not handle {header.op.value}",
+                                    req=header.req)
+            reply, out = handler(header, tensors)
+        except ProtocolError as exc:
+            self.counters.count(exc)
+            if header is not None and header.op not in REQUESTS:
+                return  # READY, ACK, ERROR ... sent to us expect no reply: drop (counted)
+            reply, out = error_reply(header, exc), []
+        except Exception as exc:  # a bug must not kill the server; the client learns what failed
+            self.counters.count(ProtocolError("internal", str(exc)))
+            reply, out = error_reply(header, exc), []
+        try:
+            payload = encode(reply, out)
+        except ProtocolError as exc:  # our own reply is unencodable (a bug): still answer
+            self.counters.count(ProtocolError("internal", exc.message))
+            payload = encode(error_reply(header, exc))
+        self._stats["bytes_out"] += sum(memoryview(f).nbytes for f in payload)
+        self._socket.send_multipart([identity, *payload], copy=False)
+
+    # ------------------------------------------------------------------------- requests
+
+    def _hello(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        return reply_to(header, Op.READY, meta={"num_layers": self.num_layers, "version": self._version,
+                                                "optimizer": self.optimizer_name}), []
+
+    @staticmethod
+    def _part(header: Header) -> int:
+        part = header.part if header.part is not None else _meta_int(header, "part", 0)
+        if header.part is not None and "part" in header.meta and header.meta["part"] != header.part:
+            raise ProtocolError("bad_field", f"part {header.part} in the header but {header.meta['part']!r} in meta",
+                                req=header.req)
+        return part
+
+    def _stash_key(self, header: Header) -> StashKey:
+        return (self._part(header), header.layer, header.epoch, header.interval)
+
+    def _pull(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        key = self._stash_key(header)
+        if header.version is None:
+            version = self._pins.setdefault(key, self._version)
+        elif header.version in self._versions:
+            version = header.version
+        else:
+            raise ProtocolError(
+                "out_of_range",
+                f"weight version {header.version} of layer {header.layer} is not kept (current version "
+                f"{self._version}, stashed {sorted(self._versions)}); a version is kept while a stash key pins it",
+                req=header.req)
+        weights = self._versions[version][header.layer]
+        if header.meta.get("release") is True:
+            self._release(key)
+        self._stats["pulls"] += 1
+        return reply_to(header, Op.WEIGHTS, version=version, names=("W",)), [weights]
+
+    def _release(self, key: StashKey) -> None:
+        if self._pins.pop(key, None) is not None:
+            self._free_unpinned()
+
+    def _free_unpinned(self) -> None:
+        keep = set(self._pins.values()) | {self._version}
+        for version in [v for v in self._versions if v not in keep]:
+            del self._versions[version]
+
+    def _push(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        layer = header.layer
+        current = self._versions[self._version][layer]
+        if len(tensors) != 1:
+            raise ProtocolError("tensor_count", f"PUSH_GRADS carries one gradient (dW_{layer}), got {len(tensors)}",
+                                req=header.req)
+        grad = tensors[0]
+        if grad.shape != current.shape:
+            raise ProtocolError("bad_shape", f"gradient of layer {layer} has shape {list(grad.shape)}, "
+                                f"W_{layer} is {list(current.shape)}", req=header.req)
+        if grad.dtype != current.dtype:
+            raise ProtocolError("bad_dtype", f"gradient of layer {layer} is {grad.dtype}, W_{layer} is {current.dtype}",
+                                req=header.req)
+        if header.version > self._version:
+            raise ProtocolError("out_of_range", f"gradient computed with version {header.version}, "
+                                f"but the newest version is {self._version}", req=header.req)
+        key = self._stash_key(header)
+        self._release(key)  # the gradient is the stashed weights' last use (DESIGN §3)
+        self._stats["pushes"] += 1
+        buffer = self._grads.setdefault((header.epoch, layer), {}) if header.epoch not in self._stepped else None
+        slot = (key[0], header.interval)
+        if buffer is None or slot in buffer:
+            self._stats["duplicates"] += 1
+            return reply_to(header, Op.ACK, meta={"duplicate": True}), []
+        buffer[slot] = grad.copy()  # the received frame belongs to ZeroMQ
+        return reply_to(header, Op.ACK, meta={"duplicate": False}), []
+
+    def _command(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        name = header.meta.get("command")
+        command = self._commands.get(name) if isinstance(name, str) else None
+        if command is None:
+            raise ProtocolError("bad_command", f"unknown command {name!r:.40}; known: {', '.join(self._commands)}",
+                                req=header.req)
+        return command(header)
+
+    def _stats_reply(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        meta: dict[str, Any] = {name: self._stats[name] for name in
+                                ("pulls", "pushes", "duplicates", "steps", "bytes_in", "bytes_out")}
+        errors = self.counters.as_dict()
+        meta.update(version=self._version, epoch=self._epoch, pinned=len(self._pins),
+                    stashed_versions=len(self._versions), pending_grads=sum(map(len, self._grads.values())),
+                    errors=sum(errors.values()))
+        meta.update({f"errors.{code}": count for code, count in sorted(errors.items())})
+        return reply_to(header, Op.STATS, meta=meta), []
+
+    def _shutdown(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        self.stop()  # the loop sends this ACK, then sees the flag
+        return reply_to(header, Op.ACK), []
+
+    # ------------------------------------------------------------------------- commands
+
+    def _step(self, header: Header) -> Reply:
+        """``W_l <- opt(W_l, sum_{(part, interval) sorted} dW_l[part, interval])`` for every layer."""
+        epoch = _meta_int(header, "epoch")
+        expected = header.meta.get("expected")
+        if expected is not None:
+            expected = _meta_int(header, "expected")
+        buffers = [self._grads.get((epoch, layer), {}) for layer in range(self.num_layers)]
+        for layer, buffer in enumerate(buffers):
+            if not buffer:
+                why = " (already stepped)" if epoch in self._stepped else ""
+                raise ProtocolError("incomplete", f"step epoch {epoch}{why}: layer {layer} has no gradient; "
+                                    "sync mode needs every layer's gradients", req=header.req)
+            if expected is not None and len(buffer) != expected:
+                raise ProtocolError("incomplete", f"step epoch {epoch}: layer {layer} expected {expected} gradient "
+                                    f"contributions, received {len(buffer)}", req=header.req)
+        grads = []
+        for buffer in buffers:
+            total = np.zeros(buffer[min(buffer)].shape, np.float64)
+            for slot in sorted(buffer):
+                total += buffer[slot]
+            grads.append(total.astype(np.float32))
+        params = [w.copy() for w in self._versions[self._version]]  # the old version stays intact while pinned
+        self._optimizer.step(params, grads)
+        self._version += 1
+        self._versions[self._version] = _frozen(params)
+        self._epoch = max(self._epoch, epoch)
+        self._stepped.add(epoch)
+        for layer in range(self.num_layers):
+            del self._grads[(epoch, layer)]
+        self._free_unpinned()
+        self._stats["steps"] += 1
+        return reply_to(header, Op.ACK, version=self._version,
+                        meta={"version": self._version, "grads": sum(map(len, buffers))}), []
+
+    def _get_weights(self, header: Header) -> Reply:
+        names = tuple(f"W{layer}" for layer in range(self.num_layers))
+        return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=names,
+                         meta={"version": self._version}), list(self._versions[self._version]))
+
+    def _checkpoint_path(self, header: Header) -> Path:
+        path = header.meta.get("path")
+        if not isinstance(path, str) or not path:
+            raise ProtocolError("bad_command", f"{header.meta['command']}: meta['path'] must name a file, got {path!r}",
+                                req=header.req)
+        return Path(path)
+
+    def _save(self, header: Header) -> Reply:
+        """One ``.npz``: ``W<l>`` weights, ``opt.<key>`` the optimizer's (flat) state dict, ``state``
+        JSON (format, version, epoch, stepped epochs, optimizer name, spec). Written to a temp
+        name, then renamed: an existing checkpoint is never left half-written."""
+        path = self._checkpoint_path(header)
+        arrays: dict[str, np.ndarray] = {f"W{layer}": w for layer, w in enumerate(self._versions[self._version])}
+        state = {
+            "format": CHECKPOINT_FORMAT, "version": self._version, "epoch": self._epoch,
+            "stepped": sorted(self._stepped), "optimizer_name": self.optimizer_name,
+            "spec": dataclasses.asdict(self.spec),
+        }
+        arrays.update({f"opt.{key}": np.asarray(value) for key, value in self._optimizer.state_dict().items()})
+        arrays["state"] = np.array(json.dumps(state))
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise ProtocolError("checkpoint", f"save: cannot write {path}: {exc}", req=header.req) from None
+        return reply_to(header, Op.ACK, meta={"version": self._version, "epoch": self._epoch, "path": str(path)}), []
+
+    def _load(self, header: Header) -> Reply:
+        """Restore a :meth:`_save` file; nothing changes unless the whole file checks out."""
+        path = self._checkpoint_path(header)
+
+        def fail(message: str, code: str = "checkpoint") -> ProtocolError:
+            return ProtocolError(code, f"load {path}: {message}", req=header.req)
+
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {name: z[name] for name in z.files}
+            state = json.loads(str(arrays.pop("state")))
+        except FileNotFoundError:
+            raise fail("no such file") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise fail(f"not a parameter server checkpoint ({str(exc)[:120]})") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise fail(f"checkpoint format {state.get('format') if isinstance(state, dict) else None!r}, "
+                       f"expected {CHECKPOINT_FORMAT}")
+        if state.get("optimizer_name") != self.optimizer_name:
+            raise fail(f"written with optimizer {state.get('optimizer_name')!r}, "
+                       f"this server runs {self.optimizer_name!r}")
+        weights = []
+        for layer, spec in enumerate(self.spec.layers):
+            w = arrays.get(f"W{layer}")
+            if w is None:
+                raise fail(f"has no weights for layer {layer}")
+            if w.shape != (spec.in_dim, spec.out_dim) or w.dtype != np.float32:
+                raise fail(f"layer {layer} weights are {w.dtype}{list(w.shape)}, the model needs "
+                           f"float32{[spec.in_dim, spec.out_dim]}", code="bad_shape")
+            if not np.isfinite(w).all():
+                raise fail(f"layer {layer} weights hold NaN or inf")
+            weights.append(np.ascontiguousarray(w))
+        if f"W{self.num_layers}" in arrays:
+            raise fail(f"has more layers than the model's {self.num_layers}", code="bad_shape")
+        optimizer_state = {k[len("opt."):]: v for k, v in arrays.items() if k.startswith("opt.")}
+        for key, value in optimizer_state.items():  # per-parameter state "<kind>.<i>" must fit W_i
+            index = key.rpartition(".")[2]
+            if index.isdigit() and int(index) < len(weights) and value.shape != weights[int(index)].shape:
+                raise fail(f"optimizer state {key} has shape {list(value.shape)}, W_{index} is "
+                           f"{list(weights[int(index)].shape)}", code="bad_shape")
+        try:
+            version, epoch, stepped = int(state["version"]), int(state["epoch"]), {int(e) for e in state["stepped"]}
+            if version < 0:
+                raise ValueError(f"version {version} is negative")
+            self._optimizer.load_state_dict(optimizer_state)  # validates everything before changing anything
+        except (KeyError, TypeError, ValueError) as exc:
+            raise fail(f"optimizer state or counters unreadable ({str(exc)[:120]})") from None
+        self._version, self._epoch, self._stepped = version, epoch, stepped
+        self._versions = {version: _frozen(weights)}
+        self._pins.clear()   # pins of the old timeline name versions that no longer exist
+        self._grads.clear()
+        meta = {"version": version, "epoch": epoch, "path": str(path)}
+        return reply_to(header, Op.ACK, version=version, meta=meta), []
+
+
+def _any_port(endpoint: str) -> str:
+    """``tcp://host:0`` -> ``tcp://host:*`` (ZeroMQ's spelling of "a free port")."""
+    return endpoint[:-2] + ":*" if endpoint.startswith("tcp://") and endpoint.endswith(":0") else endpoint
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``dorylus paramserver``."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="training config (.toml or .json) giving the model (model, layers, hidden), "
+                             "optimizer, lr, weight decay and seed; defaults when absent")
+    parser.add_argument("--num-features", type=int, required=True, metavar="F", help="input feature dimension")
+    parser.add_argument("--num-classes", type=int, required=True, metavar="C", help="number of classes")
+    parser.add_argument("--bind", default="tcp://127.0.0.1:0", metavar="ENDPOINT",
+                        help="ZeroMQ endpoint to listen on; port 0 picks a free port (default: tcp://127.0.0.1:0)")
+    parser.add_argument("--ready-file", metavar="PATH",
+                        help="after binding, write the actual endpoint into this file (atomically) so that a "
+                             "parent process can find the port")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Serve until SHUTDOWN, SIGTERM or SIGINT; returns the exit status."""
+    from dorylus.config import TrainConfig, load_config_file
+
+    config = TrainConfig.from_dict(load_config_file(args.config), where=args.config) if args.config else TrainConfig()
+    if args.num_features < 1 or args.num_classes < 1:
+        raise ParamServerError(f"paramserver: --num-features ({args.num_features}) and --num-classes "
+                               f"({args.num_classes}) must be >= 1")
+    spec = ModelSpec.from_config(config, args.num_features, args.num_classes)
+    server = ParameterServer(spec, config.seed, config.optimizer, config.lr, bind=args.bind)
+    previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if args.ready_file:
+            ready = Path(args.ready_file)
+            tmp = ready.with_name(f".{ready.name}.tmp-{os.getpid()}")
+            tmp.write_text(server.endpoint + "\n")
+            os.replace(tmp, ready)
+        print(f"paramserver listening on {server.endpoint}", flush=True)
+        server.serve_forever()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dorylus paramserver", description="Run a Dorylus parameter server.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_from_args(args)
+    except (DorylusError, OSError) as exc:
+        print(f"dorylus paramserver: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

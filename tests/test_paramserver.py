@@ -1,0 +1,462 @@
+"""Parameter server over real sockets: init, pull/push/step against torch.optim, order independence,
+duplicates, weight stash, bad messages, checkpoints, and the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from dorylus import protocol as P
+from dorylus.config import TrainConfig
+from dorylus.models.spec import ModelSpec
+from dorylus.paramserver import ParameterServer, ParamServerError
+from dorylus.protocol import Header, Op
+
+TIMEOUT = 5.0  # seconds; every receive and join in this file waits at most this long
+SEED = 7
+F, C = 5, 3
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spec(hidden: int = 4, **overrides) -> ModelSpec:
+    # weight_decay_scope "first": layer 0 decays, layer 1 does not, so per-layer decay is exercised
+    return ModelSpec.from_config(TrainConfig(layers=2, hidden=hidden, **overrides), F, C)
+
+
+SPEC = _spec()
+
+
+class Client:
+    """A DEALER peer (like a tensor function) whose every receive times out."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.req = 0
+
+    def request(self, header: Header, tensors=()) -> tuple[Header, list[np.ndarray]]:
+        self.req += 1
+        P.send(self.sock, Header(**{**header.__dict__, "req": self.req}), tensors)
+        reply, out = P.recv(self.sock, timeout=TIMEOUT)
+        assert reply.req == self.req
+        return reply, out
+
+    def raw(self, frames: list[bytes]) -> tuple[Header, list[np.ndarray]]:
+        self.sock.send_multipart(frames)
+        return P.recv(self.sock, timeout=TIMEOUT)
+
+    def ok(self, header: Header, tensors=()) -> tuple[Header, list[np.ndarray]]:
+        reply, out = self.request(header, tensors)
+        assert reply.op != Op.ERROR, f"{reply.code}: {reply.message}"
+        return reply, out
+
+    # the operations of a tensor function and of the coordinator
+    def pull(self, layer: int, epoch: int, interval: int, version: int | None = None, part: int = 0, **meta):
+        reply, (w,) = self.ok(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval,
+                                     version=version, part=part, meta=meta))
+        return reply.version, w
+
+    def push(self, layer: int, epoch: int, interval: int, grad: np.ndarray, part: int = 0, version: int = 0,
+             attempt: int = 0) -> bool:
+        reply, _ = self.ok(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, version=version,
+                                  attempt=attempt, meta={"part": part}), [grad])
+        assert reply.op == Op.ACK
+        return reply.meta["duplicate"]
+
+    def command(self, name: str, **meta) -> tuple[Header, list[np.ndarray]]:
+        return self.request(Header(Op.COMMAND, meta={"command": name, **meta}))
+
+    def weights(self) -> list[np.ndarray]:
+        reply, out = self.ok(Header(Op.COMMAND, meta={"command": "get_weights"}))
+        assert reply.op == Op.WEIGHTS and reply.names == ("W0", "W1")
+        return out
+
+    def stats(self) -> dict:
+        reply, _ = self.ok(Header(Op.STATS))
+        return reply.meta
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def cluster(ctx):
+    """``make(**kwargs) -> (server, client)``; every server is closed (loop joined) afterwards."""
+    servers, clients = [], []
+
+    def make(spec: ModelSpec = SPEC, optimizer: str = "adam", lr: float = 0.01):
+        server = ParameterServer(spec, SEED, optimizer, lr).start()
+        servers.append(server)
+        clients.append(Client(ctx, server.endpoint))
+        return server, clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+    for server in servers:
+        server.close(timeout=TIMEOUT)
+
+
+def _grads(rng: np.random.Generator, parts: int, intervals: int, spec: ModelSpec = SPEC):
+    """``{(part, interval): [dW_0, dW_1]}``: one contribution per function call."""
+    return {(p, i): [rng.standard_normal((l.in_dim, l.out_dim)).astype(np.float32) for l in spec.layers]
+            for p in range(parts) for i in range(intervals)}
+
+
+def _summed(contributions: dict, layer: int) -> np.ndarray:
+    """The documented reduction: float64 accumulation in sorted (part, interval) order, one rounding."""
+    total = np.zeros_like(contributions[min(contributions)][layer], dtype=np.float64)
+    for key in sorted(contributions):
+        total += contributions[key][layer]
+    return total.astype(np.float32)
+
+
+def _push_epoch(client: Client, epoch: int, contributions: dict, order=None) -> None:
+    for part, interval in order or contributions:
+        for layer, grad in enumerate(contributions[(part, interval)]):
+            assert client.push(layer, epoch, interval, grad, part=part) is False
+
+
+# ----------------------------------------------------------------------------- basics
+
+
+def test_hello_and_initial_weights(cluster):
+    server, client = cluster()
+    reply, _ = client.ok(Header(Op.HELLO, role="coordinator"))
+    assert reply.op == Op.READY and reply.meta["num_layers"] == 2 and reply.meta["version"] == 0
+    expected = SPEC.init_weights(SEED)
+    for got, want in zip(client.weights(), expected):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+    for layer in range(2):
+        version, w = client.pull(layer, epoch=1, interval=0)
+        assert version == 0
+        np.testing.assert_array_equal(w, expected[layer])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_steps_equal_torch_optimizer_on_summed_gradients(cluster, optimizer):
+    """Three epochs over 2 parts x 3 intervals equal torch.optim on the summed gradient per epoch."""
+    server, client = cluster(optimizer=optimizer, lr=0.05)
+    params = [torch.tensor(w, requires_grad=True) for w in SPEC.init_weights(SEED)]
+    groups = [{"params": [p], "weight_decay": layer.weight_decay} for p, layer in zip(params, SPEC.layers)]
+    oracle = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(groups, lr=0.05)
+    assert SPEC.layers[0].weight_decay > 0 and SPEC.layers[1].weight_decay == 0
+
+    rng = np.random.default_rng(1)
+    for epoch in (1, 2, 3):
+        contributions = _grads(rng, parts=2, intervals=3)
+        for (part, interval) in contributions:  # forward pulls: everyone sees the current version
+            for layer in range(2):
+                version, w = client.pull(layer, epoch, interval, part=part)
+                assert version == epoch - 1
+                np.testing.assert_array_equal(w, params[layer].detach().numpy())
+        _push_epoch(client, epoch, contributions)
+        reply, _ = client.command("step", epoch=epoch, expected=6)
+        assert reply.op == Op.ACK and reply.meta == {"version": epoch, "grads": 12}
+
+        for layer, p in enumerate(params):
+            p.grad = torch.from_numpy(_summed(contributions, layer))
+        oracle.step()
+        for got, want in zip(client.weights(), params):
+            np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-7)
+    stats = client.stats()
+    assert (stats["steps"], stats["pushes"], stats["pulls"], stats["version"]) == (3, 36, 36, 3)
+    assert stats["pending_grads"] == 0 and stats["pinned"] == 0 and stats["stashed_versions"] == 1
+    assert stats["bytes_in"] > 36 * SPEC.layers[0].in_dim * 4 and stats["bytes_out"] > 0
+
+
+def test_arrival_order_does_not_change_the_result(cluster):
+    """Contributions whose float sum depends on order (2^60 + 1 - 2^60) give bitwise-equal weights."""
+    rng = np.random.default_rng(2)
+    contributions = _grads(rng, parts=2, intervals=2)
+    for key, value in {(0, 0): 2.0**60, (0, 1): 1.0, (1, 0): -(2.0**60)}.items():
+        contributions[key][1][0, 0] = value
+    contributions[(1, 1)][1][0, 0] = 0.0
+    order_a = sorted(contributions)
+    order_b = [(0, 0), (1, 0), (0, 1), (1, 1)]
+    naive = [sum(np.float64(contributions[k][1][0, 0]) for k in order) for order in (order_a, order_b)]
+    assert naive[0] != naive[1]  # the orders really do disagree when summed as they arrive
+
+    results = []
+    for order in (order_a, order_b):
+        _, client = cluster()
+        for epoch in (1, 2):
+            _push_epoch(client, epoch, contributions, order=order[::-1] if epoch == 2 else order)
+            assert client.command("step", epoch=epoch)[0].op == Op.ACK
+        results.append(client.weights())
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_duplicate_and_late_pushes_are_acked_and_dropped(cluster):
+    _, client = cluster(optimizer="sgd", lr=0.5)
+    rng = np.random.default_rng(3)
+    first = _grads(rng, 1, 2)
+    retry = _grads(rng, 1, 2)
+    _push_epoch(client, 1, first)
+    for layer in range(2):  # a relaunched attempt and a plain retry of the same key
+        assert client.push(layer, 1, 0, retry[(0, 0)][layer], attempt=1) is True
+        assert client.push(layer, 1, 1, retry[(0, 1)][layer]) is True
+    reply, _ = client.command("step", epoch=1, expected=2)
+    assert reply.meta["grads"] == 4
+    init = SPEC.init_weights(SEED)
+    for layer, got in enumerate(client.weights()):
+        decay = np.float32(SPEC.layers[layer].weight_decay)
+        want = init[layer] - np.float32(0.5) * (_summed(first, layer) + decay * init[layer])
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    # a straggler for the epoch already stepped changes nothing
+    before = client.weights()
+    assert client.push(0, 1, 5, retry[(0, 0)][0]) is True
+    assert client.stats()["duplicates"] == 5 and client.stats()["pending_grads"] == 0
+    for a, b in zip(before, client.weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_weight_stash_pins_serves_and_frees_versions(cluster):
+    _, client = cluster()
+    init = SPEC.init_weights(SEED)
+    rng = np.random.default_rng(4)
+    g = _grads(rng, 1, 2)
+    # forward of (layer 0, epoch 1, interval 0) pins version 0
+    assert client.pull(0, 1, 0)[0] == 0
+    # the other interval finishes the epoch; the step makes version 1
+    _push_epoch(client, 1, {(0, 1): g[(0, 1)]})
+    assert client.command("step", epoch=1)[0].meta["version"] == 1
+    assert client.stats()["stashed_versions"] == 2
+    # backward of the pinned key gets exactly version 0; a relaunched forward gets the pinned version
+    version, w = client.pull(0, 1, 0, version=0)
+    assert version == 0
+    np.testing.assert_array_equal(w, init[0])
+    version, w = client.pull(0, 1, 0)
+    assert version == 0
+    np.testing.assert_array_equal(w, init[0])
+    # another key pulls the current version; the same interval id in another part is another key
+    assert client.pull(0, 2, 0)[0] == 1
+    assert client.pull(1, 1, 0, part=1)[0] == 1
+    new = client.weights()[0]
+    assert not np.array_equal(new, init[0])
+    assert client.stats()["pinned"] == 3
+    # release by the gradient push of the key (epoch 1 is stepped: ACKed as a duplicate, still releases)
+    assert client.push(0, 1, 0, g[(0, 0)][0]) is True
+    stats = client.stats()
+    assert stats["pinned"] == 2 and stats["stashed_versions"] == 1
+    reply, _ = client.request(Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, version=0))
+    assert reply.op == Op.ERROR and reply.code == "out_of_range"
+    assert "version 0" in reply.message and "current version 1" in reply.message
+    # release by a pull with meta release=True (served first)
+    version, w = client.pull(0, 2, 0, version=1, release=True)
+    assert version == 1
+    np.testing.assert_array_equal(w, new)
+    client.pull(1, 1, 0, part=1, release=True)
+    assert client.stats()["pinned"] == 0
+    reply, _ = client.request(Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, version=2))
+    assert reply.code == "out_of_range"  # a version from the future
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_bad_messages_get_errors_and_the_server_keeps_serving(cluster):
+    server, client = cluster()
+    w0 = SPEC.init_weights(SEED)[0]
+    push = dict(layer=0, epoch=1, interval=0, version=0)
+    nan = np.zeros_like(w0)
+    nan[1, 2] = np.nan
+    cases = [
+        (Header(Op.PUSH_GRADS, **push), [np.zeros((F + 1, 4), np.float32)], "bad_shape", "shape [6, 4]"),
+        (Header(Op.PUSH_GRADS, **push), [w0.astype(np.float64)], "bad_dtype", "float64"),
+        (Header(Op.PUSH_GRADS, **push), [nan], "not_finite", "NaN"),
+        (Header(Op.PUSH_GRADS, **push), [w0, w0], "tensor_count", "one gradient"),
+        (Header(Op.PUSH_GRADS, layer=0, epoch=1, interval=0, version=3), [w0], "out_of_range", "version 3"),
+        (Header(Op.PUSH_GRADS, **{**push, "layer": 2}), [np.zeros((4, C), np.float32)], "out_of_range", "layer 2"),
+        (Header(Op.PULL_WEIGHTS, layer=9, epoch=1, interval=0), [], "out_of_range", "layer 9"),
+        (Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, part=1, meta={"part": 2}), [], "bad_field", "part"),
+        (Header(Op.COMMAND, meta={"command": "explode"}), [], "bad_command", "explode"),
+        (Header(Op.COMMAND), [], "bad_command", "None"),
+        (Header(Op.COMMAND, meta={"command": "step"}), [], "bad_command", "epoch"),
+        (Header(Op.COMMAND, meta={"command": "step", "epoch": -1}), [], "bad_field", "epoch"),
+        (Header(Op.COMMAND, meta={"command": "save"}), [], "bad_command", "path"),
+        (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=0, rows=(0, 1), names=("Z",)), [], "unknown_op",
+         "PULL"),
+    ]
+    for header, tensors, code, words in cases:
+        reply, out = client.request(header, tensors)
+        assert (reply.op, reply.code, out) == (Op.ERROR, code, []), (header, reply)
+        assert words in reply.message, (words, reply.message)
+    for frames, code in [([b"\xff\x00garbage"], "bad_header"), ([b"[1, 2]"], "bad_header"), ([b"{}"], "bad_version"),
+                         ([b'{"v":1,"op":"HELLO","role":"function","t":[["float32",[2]]]}'], "tensor_count"),
+                         ([b'{"v":1,"op":"FLY"}', b"x"], "unknown_op"), ([b""], "bad_header")]:
+        reply, _ = client.raw(frames)
+        assert (reply.op, reply.code) == (Op.ERROR, code), frames
+    # a reply-type message sent to the server expects no reply: dropped and counted
+    P.send(client.sock, Header(Op.ACK, req=99))
+    assert not client.sock.poll(200)
+    # nothing above changed the state, and the server still answers
+    assert client.pull(0, 1, 0)[0] == 0
+    stats = client.stats()
+    assert stats["pushes"] == 0 and stats["pending_grads"] == 0 and stats["version"] == 0
+    assert stats["errors"] == len(cases) + 6 + 1
+    assert stats["errors.out_of_range"] == 3 and stats["errors.bad_header"] == 3 and stats["errors.unknown_op"] == 3
+    assert server.counters.total == stats["errors"]
+
+
+def test_step_requires_every_layer_and_the_expected_count(cluster):
+    _, client = cluster()
+    rng = np.random.default_rng(5)
+    g = _grads(rng, 1, 2)
+    client.push(0, 1, 0, g[(0, 0)][0])
+    reply, _ = client.command("step", epoch=1)
+    assert reply.code == "incomplete" and "layer 1 has no gradient" in reply.message
+    client.push(1, 1, 0, g[(0, 0)][1])
+    client.push(0, 1, 1, g[(0, 1)][0])
+    reply, _ = client.command("step", epoch=1, expected=2)
+    assert reply.code == "incomplete"
+    assert "layer 1 expected 2 gradient contributions, received 1" in reply.message
+    assert client.stats()["version"] == 0 and client.stats()["pending_grads"] == 3  # nothing consumed
+    client.push(1, 1, 1, g[(0, 1)][1])
+    assert client.command("step", epoch=1, expected=2)[0].meta == {"version": 1, "grads": 4}
+    reply, _ = client.command("step", epoch=1)
+    assert reply.code == "incomplete" and "already stepped" in reply.message
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_save_modify_load_restores_weights_and_optimizer_state(cluster, tmp_path):
+    _, client = cluster()
+    rng = np.random.default_rng(6)
+    epochs = {epoch: _grads(rng, 2, 1) for epoch in (1, 2)}
+    _push_epoch(client, 1, epochs[1])
+    client.ok(Header(Op.COMMAND, meta={"command": "step", "epoch": 1}))
+    path = tmp_path / "ps.npz"
+    reply, _ = client.ok(Header(Op.COMMAND, meta={"command": "save", "path": str(path)}))
+    assert reply.meta == {"version": 1, "epoch": 1, "path": str(path)}
+    assert sorted(os.listdir(tmp_path)) == ["ps.npz"]  # no temp file left behind
+    saved = client.weights()
+
+    _push_epoch(client, 2, epochs[2])
+    client.ok(Header(Op.COMMAND, meta={"command": "step", "epoch": 2}))
+    after_step_2 = client.weights()
+    assert not np.array_equal(after_step_2[0], saved[0])
+
+    reply, _ = client.ok(Header(Op.COMMAND, meta={"command": "load", "path": str(path)}))
+    assert reply.meta["version"] == 1 and reply.meta["epoch"] == 1
+    for a, b in zip(client.weights(), saved):
+        np.testing.assert_array_equal(a, b)
+    # the Adam moments came back too: replaying epoch 2 reproduces the same weights bitwise
+    _push_epoch(client, 2, epochs[2])
+    assert client.command("step", epoch=2)[0].meta["version"] == 2
+    for a, b in zip(client.weights(), after_step_2):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_checkpoints_get_clear_errors_and_change_nothing(cluster, tmp_path):
+    _, client = cluster()
+    _, other = cluster(spec=_spec(hidden=6))
+    _, sgd = cluster(optimizer="sgd")
+    wide, sgd_file, garbage = tmp_path / "wide.npz", tmp_path / "sgd.npz", tmp_path / "garbage.npz"
+    other.ok(Header(Op.COMMAND, meta={"command": "save", "path": str(wide)}))
+    sgd.ok(Header(Op.COMMAND, meta={"command": "save", "path": str(sgd_file)}))
+    garbage.write_bytes(b"PK\x03\x04 not really a zip")
+    before = client.weights()
+    for path, code, words in [
+        (tmp_path / "missing.npz", "checkpoint", "no such file"),
+        (garbage, "checkpoint", "not a parameter server checkpoint"),
+        (wide, "bad_shape", "layer 0 weights are float32[5, 6], the model needs float32[5, 4]"),
+        (sgd_file, "checkpoint", "optimizer 'sgd'"),
+    ]:
+        reply, _ = client.command("load", path=str(path))
+        assert (reply.op, reply.code) == (Op.ERROR, code)
+        assert str(path) in reply.message and words in reply.message, reply.message
+    reply, _ = client.command("save", path=str(tmp_path / "no-such-dir" / "ps.npz"))
+    assert reply.code == "checkpoint" and "no-such-dir" in reply.message
+    assert sorted(os.listdir(tmp_path)) == ["garbage.npz", "sgd.npz", "wide.npz"]
+    for a, b in zip(client.weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- lifecycle and CLI
+
+
+def test_shutdown_stops_the_loop_and_context_manager_closes(ctx):
+    with ParameterServer(SPEC, SEED) as server:
+        client = Client(ctx, server.endpoint)
+        try:
+            assert client.ok(Header(Op.SHUTDOWN))[0].op == Op.ACK
+            assert server.join(TIMEOUT)
+        finally:
+            client.close()
+    assert server.closed
+
+
+def test_bind_failure_is_a_clear_error():
+    with ParameterServer(SPEC, SEED) as first:
+        with pytest.raises(ParamServerError, match=f"cannot bind {first.endpoint}"):
+            ParameterServer(SPEC, SEED, bind=first.endpoint)
+
+
+def test_cli_subprocess_ready_file_hello_and_sigterm(ctx, tmp_path):
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"layers": 2, "hidden": 4, "seed": 3, "optimizer": "sgd"}))
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dorylus.paramserver", "--config", str(config), "--num-features", str(F),
+         "--num-classes", str(C), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    client = None
+    try:
+        deadline = time.monotonic() + 15
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no ready file"
+            time.sleep(0.02)
+        endpoint = ready.read_text().strip()
+        assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
+        client = Client(ctx, endpoint)
+        reply, _ = client.ok(Header(Op.HELLO, role="coordinator"))
+        assert reply.meta == {"num_layers": 2, "version": 0, "optimizer": "sgd"}
+        cfg = TrainConfig(layers=2, hidden=4, seed=3)
+        for got, want in zip(client.weights(), ModelSpec.from_config(cfg, F, C).init_weights(3)):
+            np.testing.assert_array_equal(got, want)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err
+        assert out == f"paramserver listening on {endpoint}\n"
+        assert sorted(os.listdir(tmp_path)) == ["ready", "run.json"]
+    finally:
+        if client is not None:
+            client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=TIMEOUT)
+
+
+def test_cli_bad_config_is_one_error_line(tmp_path):
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"layers": 2, "hiden": 4}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "dorylus.paramserver", "--config", str(config), "--num-features", "5",
+         "--num-classes", "3"], capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("dorylus paramserver: error: ") and "hiden" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
