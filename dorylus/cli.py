@@ -22,14 +22,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dorylus.training import run_training
 
     config = config_from_args(args)
-    dataset = load_dataset(config.dataset)
-    print(f"training {config.model} ({config.layers} layers, hidden {config.hidden}) on {dataset.name}: "
-          f"{dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, backend {config.backend}", file=sys.stderr)
+    dataset = None if config.partitions else load_dataset(config.dataset)
+    source = config.partitions or f"{dataset.name} ({dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges)"
+    print(f"training {config.model} ({config.layers} layers, hidden {config.hidden}) on {source}, "
+          f"backend {config.backend}", file=sys.stderr)
     summary = run_training(config, dataset)
     print(f"final test accuracy {summary['final_test_acc']:.4f} (val {summary['final_val_acc']:.4f}), "
           f"best val {summary['best_val_acc']:.4f} at epoch {summary['best_val_epoch']} "
           f"(test {summary['test_acc_at_best_val']:.4f}); {summary['total_s']:.2f} s total, "
-          f"{summary['mean_epoch_s'] * 1000:.1f} ms/epoch; run directory {summary['run_dir']}")
+          f"{summary['mean_epoch_s'] * 1000:.1f} ms/epoch"
+          + (f", ${summary['total_cost_usd']:.6f} ({summary['invocations']} function calls)"
+             if "total_cost_usd" in summary else "")
+          + f"; run directory {summary['run_dir']}")
     return 0
 
 
@@ -56,7 +60,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from dorylus.partition import format_stats, open_store, partition_stats
 
     store = open_store(args.store, verify=True)
-    print(json.dumps({k: v for k, v in store.meta.items() if k not in ("files", "parts")}, indent=2))
+    print(json.dumps({k: v for k, v in store.meta.to_dict().items() if k not in ("files", "parts")}, indent=2))
     print(format_stats(partition_stats(store)))
     return 0
 
@@ -112,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, type=Path, help="output .npz path")
     gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     gen.set_defaults(func=cmd_generate)
+    from dorylus import emulator, paramserver
+    from graphserver import server as graphserver
+
+    for name, module, help_text in (
+        ("graphserver", graphserver, "run one graph server (started by `dorylus train`; for AWS mode by hand)"),
+        ("paramserver", paramserver, "run the parameter server (started by `dorylus train`; for AWS mode by hand)"),
+        ("lambda-emulator", emulator, "serve the AWS Lambda Invoke API locally, running functions in worker processes"),
+    ):
+        role = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(role)
+        role.set_defaults(func=module.run_from_args)
     return parser
 
 

@@ -41,7 +41,20 @@ class TrainConfig:
     weight_decay_scope: str = _opt("first", "layers that get weight decay: 'first' (Kipf & Welling) or 'all'",
                                    ("first", "all"))
     # run
-    backend: str = _opt("reference", "where the model runs: 'reference' = single-process PyTorch", ("reference",))
+    backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
+                        "(local emulator), 'cpu' = in the graph servers, 'reference' = single-process PyTorch",
+                        ("lambda", "cpu", "reference"))
+    mode: str = _opt("sync", "'sync': barrier after every Scatter (exact, equals the reference)", ("sync",))
+    partitions: str | None = _opt(None, "partition store directory to train on (default: partition --dataset "
+                                  "into the run directory)")
+    parts: int = _opt(2, "number of graph servers (partitions) when partitioning at start")
+    partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
+    functions: int = _opt(2, "intervals per graph server: one function call per interval and task")
+    lambda_memory_mb: int = _opt(1024, "function memory size (billing, and the emulator's setting)")
+    lambda_start_latency_ms: float = _opt(0.0, "emulated start latency added to each function call")
+    graph_server_instance: str = _opt("c5.2xlarge", "EC2 instance type a graph server is priced at")
+    param_server_instance: str = _opt("c5.xlarge", "EC2 instance type the parameter server is priced at")
+    task_timeout_s: float = _opt(600.0, "give up on a training phase that takes longer than this")
     epochs: int = _opt(200, "number of training epochs")
     seed: int = _opt(0, "seed of weight init and dropout masks")
     eval_every: int = _opt(1, "evaluate train/val/test accuracy (dropout off) every N epochs")
@@ -65,6 +78,11 @@ class TrainConfig:
             (math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
+            (self.parts >= 1, "parts must be >= 1"),
+            (self.functions >= 1, "functions must be >= 1"),
+            (self.lambda_memory_mb >= 128, "lambda_memory_mb must be >= 128"),
+            (self.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
+            (self.task_timeout_s > 0, "task_timeout_s must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -48,6 +48,23 @@ class NormalizedAdjacency:
         return np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
 
 
+def sorted_unique(keys: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """``np.unique(keys)`` for a 1-D integer array, by sorting.
+
+    numpy >= 2.3 answers ``np.unique`` on integers through a hash table that is ~100x slower
+    than sorting when most keys are distinct (40 s vs 0.4 s for 20M int64 keys).
+    ``in_place=True`` sorts ``keys`` itself instead of a copy.
+    """
+    if in_place:
+        keys.sort()
+    else:
+        keys = np.sort(keys)
+    distinct = np.empty(keys.shape[0], dtype=bool)
+    distinct[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=distinct[1:])
+    return keys[distinct]
+
+
 def edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: bool) -> np.ndarray:
     """Sorted unique ``dst * N + src`` keys of the edge set, self-loops dropped, optionally with
     every edge's reverse added. Sorting by this key yields CSR (row = destination) order."""
@@ -55,7 +72,7 @@ def edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: bool
     keys = dst.astype(np.int64) * n + src.astype(np.int64)
     if symmetrize:
         keys = np.concatenate([keys, src.astype(np.int64) * n + dst.astype(np.int64)])
-    keys = np.unique(keys)
+    keys = sorted_unique(keys, in_place=True)
     return keys[keys // n != keys % n]
 
 

@@ -29,7 +29,7 @@ HELLO          any -> server           role                                     
 READY          server -> any           (reply to HELLO)                           none
 PULL           function -> graph srv   task, epoch, layer, interval, rows, names  none (asks for ``names``)
 ROWS           graph srv -> function   epoch, layer, interval, rows, names        one rows tensor per name
-PUSH           function -> graph srv   task, epoch, layer, interval, rows, names  one rows tensor per name
+PUSH           function -> graph srv   task, epoch, layer, interval, rows         one rows tensor per name
 ACK            server -> any           (reply to PUSH, PUSH_GRADS, GHOSTS, ...)   none
 PULL_WEIGHTS   function -> param srv   layer, epoch, interval                     none
 WEIGHTS        param srv -> function   layer, version                             1..MAX_TENSORS float, 1-D/2-D
@@ -140,6 +140,9 @@ ERROR_CODES = frozenset({
     "bad_bool",          # bool frame with bytes other than 0 and 1
     "dest_mismatch",     # write_rows: dtype or row shape differs from the destination
     "internal",          # the server failed while handling a valid request
+    "bad_command",       # COMMAND unknown or with bad arguments
+    "incomplete",        # a step without every expected gradient
+    "checkpoint",        # a checkpoint that cannot be saved or loaded
 })
 
 
@@ -231,7 +234,9 @@ _OPS: dict[Op, _OpSpec] = {
     Op.READY: _OpSpec(),
     Op.PULL: _OpSpec(("task", *_ROW_FIELDS), tasks=FUNCTION_TASKS),
     Op.ROWS: _OpSpec(_ROW_FIELDS, tensors_per_name=True, row_tensors=True),
-    Op.PUSH: _OpSpec(("task", *_ROW_FIELDS), tensors_per_name=True, row_tensors=True, tasks=FUNCTION_TASKS),
+    # A PUSH may carry no tensors at all: a result of scalars only (evaluation counts in meta).
+    Op.PUSH: _OpSpec(("task", "epoch", "layer", "interval", "rows"), tensors_per_name=True, row_tensors=True,
+                     tasks=FUNCTION_TASKS),
     Op.ACK: _OpSpec(),
     Op.PULL_WEIGHTS: _OpSpec(("layer", "epoch", "interval")),
     Op.WEIGHTS: _OpSpec(("layer", "version"), 1, MAX_TENSORS, floats_only=True),

@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
+from dorylus.cost import server_cost_usd
 from dorylus.data.graph import GraphDataset
+from dorylus.errors import ConfigError
 from dorylus.models.reference import ReferenceGCN, SparseAdjacency, accuracy, build_optimizer, masked_loss
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize, row_normalize
@@ -66,6 +68,9 @@ class ReferenceTrainer:
         else:
             metrics.update(train_acc=None, val_acc=None, test_acc=None)
         metrics["epoch_s"] = time.perf_counter() - start
+        # One machine of the graph-server type, so that backends compare in dollars too.
+        metrics["invocations"] = 0
+        metrics["cost_usd"] = server_cost_usd(self.config.graph_server_instance, metrics["epoch_s"])
         return metrics
 
     @torch.no_grad()
@@ -100,25 +105,60 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_training(config: TrainConfig, dataset: GraphDataset, progress: IO[str] | None = None) -> dict[str, Any]:
-    """Train with ``config`` on ``dataset``, writing the run directory; returns the summary."""
+def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO[str] | None = None) -> dict[str, Any]:
+    """Train with ``config`` on ``dataset`` (or on the partition store ``config.partitions``),
+    writing the run directory; returns the summary."""
     if config.run_dir is None:
         config = dataclasses.replace(config, run_dir=str(default_run_dir(config.dataset, config.backend)))
-    graph = prepare_graph(dataset, config)
-    trainer = ReferenceTrainer(config, graph)
+    if config.backend == "reference":
+        if dataset is None:
+            raise ConfigError("the reference backend trains on --dataset, not on a partition store")
+        trainer = ReferenceTrainer(config, prepare_graph(dataset, config))
+        run = RunDir(config.run_dir, config.to_dict())
+        try:
+            return _train(config, trainer, run, progress, lambda: trainer.state(config.epochs),
+                          extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,
+                                 "num_edges": dataset.num_edges})
+        finally:
+            run.close()
+
+    from dorylus.coordinator import DistributedTrainer, LocalCluster
+    from dorylus.partition import assign_parts, open_store, write_store
+
     run = RunDir(config.run_dir, config.to_dict())
-    bar = EpochProgress(config.epochs, progress)
-    history = []
     try:
-        for epoch in range(1, config.epochs + 1):
-            metrics = trainer.step(epoch)
-            history.append(metrics)
-            run.log_epoch(metrics)
-            bar.update(metrics)
-        run.save_checkpoint(trainer.state(config.epochs))
-        summary = {"dataset": dataset.name, "num_nodes": dataset.num_nodes, "num_edges": dataset.num_edges,
-                   "run_dir": str(run.path), **summarize(history)}
-        run.write_summary(summary)
+        if config.partitions:
+            store = open_store(config.partitions, verify=True)
+        else:
+            parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts,
+                                 config.partition_method, seed=config.seed)
+            store_path = run.path / "partitions"
+            write_store(dataset, parts, store_path, method=config.partition_method, seed=config.seed)
+            store = open_store(store_path, verify=False)
+        with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
+            trainer = DistributedTrainer(config, cluster)
+            return _train(config, trainer, run, progress,
+                          lambda: {"epoch": config.epochs, "weights": [torch.from_numpy(w) for w in trainer.weights()]},
+                          extra={"dataset": store.meta.dataset, "num_nodes": store.meta.num_nodes,
+                                 "num_edges": store.meta.num_edges, "parts": store.num_parts})
     finally:
         run.close()
+
+
+def _train(config: TrainConfig, trainer, run: RunDir, progress: IO[str] | None, checkpoint,
+           extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The epoch loop shared by every backend: log, show progress, checkpoint, summarize."""
+    bar = EpochProgress(config.epochs, progress)
+    history = []
+    for epoch in range(1, config.epochs + 1):
+        metrics = trainer.step(epoch)
+        history.append(metrics)
+        run.log_epoch(metrics)
+        bar.update(metrics)
+    run.save_checkpoint(checkpoint())
+    summary = {"backend": config.backend, "run_dir": str(run.path), **(extra or {}), **summarize(history)}
+    if "cost_usd" in history[0]:
+        summary["total_cost_usd"] = sum(m["cost_usd"] for m in history)
+        summary["invocations"] = sum(m["invocations"] for m in history)
+    run.write_summary(summary)
     return summary

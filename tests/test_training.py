@@ -17,7 +17,8 @@ EPOCH_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s"}
 
 
 def test_run_directory_contents(tmp_path):
-    config = TrainConfig(dataset="random", epochs=4, eval_every=2, hidden=4, run_dir=str(tmp_path / "run"))
+    config = TrainConfig(dataset="random", backend="reference", epochs=4, eval_every=2, hidden=4,
+                         run_dir=str(tmp_path / "run"))
     summary = run_training(config, random_graph(), progress=io.StringIO())
     run = tmp_path / "run"
     assert json.loads((run / "config.json").read_text()) == config.to_dict()
@@ -35,7 +36,7 @@ def test_run_directory_contents(tmp_path):
 
 def test_training_lowers_loss_and_is_deterministic(tmp_path):
     def losses(name):
-        config = TrainConfig(epochs=30, hidden=16, lr=0.05, dropout=0.0, input_dropout=0.0,
+        config = TrainConfig(backend="reference", epochs=30, hidden=16, lr=0.05, dropout=0.0, input_dropout=0.0,
                              run_dir=str(tmp_path / name), row_normalize_features=False)
         run_training(config, random_graph(num_nodes=60, num_edges=200), progress=io.StringIO())
         return [m["loss"] for m in read_metrics(tmp_path / name)]
@@ -48,7 +49,8 @@ def test_training_lowers_loss_and_is_deterministic(tmp_path):
 def test_refuses_non_empty_run_dir(tmp_path):
     (tmp_path / "keep.txt").write_text("earlier results")
     with pytest.raises(ConfigError, match="not empty"):
-        run_training(TrainConfig(epochs=1, run_dir=str(tmp_path)), random_graph(), progress=io.StringIO())
+        run_training(TrainConfig(backend="reference", epochs=1, run_dir=str(tmp_path)), random_graph(),
+                     progress=io.StringIO())
     assert (tmp_path / "keep.txt").read_text() == "earlier results"
     assert not (tmp_path / "config.json").exists()
 
@@ -66,7 +68,7 @@ def test_progress_plain_lines_when_not_a_terminal():
 def test_cli_train_end_to_end(tmp_path, capsys):
     data = tmp_path / "g.npz"
     save_npz(random_graph(num_nodes=40, num_edges=100), data)
-    code = main(["train", "--dataset", str(data), "--epochs", "3", "--hidden", "4", "--run-dir", str(tmp_path / "r")])
+    code = main(["train", "--dataset", str(data), "--backend", "reference", "--epochs", "3", "--hidden", "4", "--run-dir", str(tmp_path / "r")])
     assert code == 0
     assert "final test accuracy" in capsys.readouterr().out
     assert len(read_metrics(tmp_path / "r")) == 3

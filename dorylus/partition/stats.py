@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from dorylus.normalize import NormalizedAdjacency
-from dorylus.partition.partitioner import sorted_unique
+from dorylus.normalize import sorted_unique
 from dorylus.partition.store import PartitionStore
 
 

@@ -46,7 +46,7 @@ from dorylus import __version__
 from dorylus.data.graph import MASK_NAMES, GraphDataset
 from dorylus.errors import ConfigError, StoreError
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize
-from dorylus.partition.partitioner import sorted_unique
+from dorylus.normalize import sorted_unique
 
 FORMAT_VERSION = 1
 NORMALIZATION = "gcn-sym-selfloop"
