@@ -50,6 +50,7 @@ class TrainConfig:
     parts: int = _opt(2, "number of graph servers (partitions) when partitioning at start")
     partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
     functions: int = _opt(2, "intervals per graph server: one function call per interval and task")
+    function_handler: str = _opt("lambdas.handler:handler", "the function the local Lambda emulator runs (module:callable)")
     lambda_memory_mb: int = _opt(1024, "function memory size (billing, and the emulator's setting)")
     lambda_start_latency_ms: float = _opt(0.0, "emulated start latency added to each function call")
     graph_server_instance: str = _opt("c5.2xlarge", "EC2 instance type a graph server is priced at")

@@ -100,7 +100,7 @@ class LocalCluster:
         if self.config.backend == "lambda":
             from dorylus.emulator import serve
 
-            self.emulator = serve(functions={FUNCTION_NAME: "lambdas.handler:handler"},
+            self.emulator = serve(functions={FUNCTION_NAME: self.config.function_handler},
                                   concurrency=self.store.num_parts * self.config.functions,
                                   memory_mb=self.config.lambda_memory_mb, timeout_s=self.config.task_timeout_s,
                                   start_latency_ms=self.config.lambda_start_latency_ms)

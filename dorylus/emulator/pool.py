@@ -82,7 +82,8 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout_s)
-        self.conn.close()
+        if not self.conn.closed:  # close() and a failing call may both retire the same worker
+            self.conn.close()
 
 
 def _exit_description(exitcode: int | None) -> str:

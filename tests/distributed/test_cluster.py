@@ -1,0 +1,152 @@
+"""The local cluster's failure paths: function errors, bad messages, Ctrl-C, no orphans."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from dorylus import protocol
+from dorylus.config import TrainConfig
+from dorylus.coordinator import ClusterError, LocalCluster
+from dorylus.data.loaders import save_npz
+from dorylus.partition import assign_parts, open_store, write_store
+from dorylus.protocol import Header, Op
+from dorylus.training import run_training
+from tests.graphs import random_graph
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live descendant of ``pid``, from /proc, except multiprocessing's resource tracker
+    (one per interpreter, for its whole life)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p for p in found if alive(p) and b"resource_tracker" not in _cmdline(p)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_function_error_names_task_and_stops_cleanly(tmp_path):
+    graph = random_graph(num_nodes=60, num_edges=200)
+    config = TrainConfig(backend="lambda", parts=2, functions=2, epochs=3, hidden=4, run_dir=str(tmp_path / "run"),
+                         function_handler="tests.distributed.faulty_handler:handler")
+    before = children_of(os.getpid())
+    with pytest.raises(ClusterError) as err:
+        run_training(config, graph, progress=io.StringIO())
+    message = str(err.value)
+    assert "AV_BWD interval 1 epoch 2" in message and "injected failure" in message
+    deadline = time.monotonic() + 10
+    while children_of(os.getpid()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not children_of(os.getpid()) - before, "the failed run left processes behind"
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # epoch 1 was kept
+
+
+@pytest.fixture
+def cpu_cluster(tmp_path):
+    graph = random_graph(num_nodes=40, num_edges=120)
+    store_path = tmp_path / "store"
+    write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, 2, "contiguous"), store_path,
+                method="contiguous", seed=0)
+    config = TrainConfig(backend="cpu", functions=2, hidden=4, epochs=1, task_timeout_s=20)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(__import__("json").dumps(config.to_dict()))
+    with LocalCluster(config, open_store(store_path), tmp_path, config_file) as cluster:
+        yield cluster
+
+
+def _ask(endpoint: str, header: Header, tensors=()) -> Header:
+    ctx = zmq.Context.instance()
+    socket = ctx.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    try:
+        protocol.send(socket, header, tensors)
+        return protocol.recv(socket, timeout=10)[0]
+    finally:
+        socket.close()
+
+
+@pytest.mark.parametrize("header, tensors, code", [
+    (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=0, rows=(0, 999), names=("Z",)), [], "out_of_range"),
+    (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=7, rows=(0, 1), names=("Z",)), [], "out_of_range"),
+    (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=0, rows=(0, 1), names=("secret",)), [], "bad_field"),
+    (Header(Op.PULL, task="AV", epoch=1, layer=5, interval=0, rows=(0, 1), names=("Z",)), [], "out_of_range"),
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=0, rows=(0, 1)), [np.zeros((1, 4), np.float32)],
+     "out_of_range"),  # a server's own part id
+    (Header(Op.COMMAND, meta={"command": "explode"}), [], "internal"),
+])
+def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
+    endpoint = Path(cpu_cluster.run_dir / "logs" / "graphserver-0.endpoint").read_text()
+    reply = _ask(endpoint, header, tensors)
+    assert reply.op is Op.ERROR and reply.code == code
+    # the server keeps serving
+    assert _ask(endpoint, Header(Op.HELLO, role="coordinator")).op is Op.READY
+
+
+def test_stale_push_is_dropped_not_written(cpu_cluster):
+    endpoint = Path(cpu_cluster.run_dir / "logs" / "graphserver-0.endpoint").read_text()
+    rows = np.full((1, 4), 7.0, np.float32)
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("H",)), [rows])
+    assert reply.op is Op.ACK and reply.meta["duplicate"] is True
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    data = tmp_path / "g.npz"
+    save_npz(random_graph(num_nodes=60, num_edges=200), data)
+    command = [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(data), "--backend", "lambda",
+               "--parts", "2", "--epochs", "100000", "--hidden", "4", "--run-dir", str(tmp_path / "run")]
+    # Its own process group, so that SIGINT reaches every process as a terminal's Ctrl-C does.
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        for line in process.stderr:
+            if line.startswith("epoch 3/"):
+                break
+            assert time.monotonic() < deadline, "training did not reach epoch 3"
+        roles = children_of(process.pid)
+        assert len(roles) >= 4  # parameter server, two graph servers, emulator workers
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in roles) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in roles if alive(pid)], "Ctrl-C left processes behind"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
