@@ -75,8 +75,9 @@ def test_function_error_names_task_and_stops_cleanly(tmp_path):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # epoch 1 was kept
 
 
-@pytest.fixture
-def cpu_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def cpu_cluster(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cluster")
     graph = random_graph(num_nodes=40, num_edges=120)
     store_path = tmp_path / "store"
     write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, 2, "contiguous"), store_path,
