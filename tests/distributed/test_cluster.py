@@ -71,7 +71,8 @@ def test_function_error_names_task_and_stops_cleanly(tmp_path):
     deadline = time.monotonic() + 10
     while children_of(os.getpid()) - before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not children_of(os.getpid()) - before, "the failed run left processes behind"
+    left = children_of(os.getpid()) - before
+    assert not left, f"the failed run left processes behind: {[_cmdline(p)[:120] for p in left]}"
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # epoch 1 was kept
 
 
