@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test test-slow bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+## test-slow: the full distributed-exactness matrix
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_reference.py
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
