@@ -265,6 +265,15 @@ class DistributedTrainer:
         _, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_weights"}))
         return [np.array(t) for t in tensors]
 
+    def checkpoint(self, optimizer_state: Path) -> dict[str, Any]:
+        """The parameter server saves weights and optimizer state to ``optimizer_state`` (its own
+        atomic ``.npz``); returns the weights and epoch for the run's ``checkpoint.pt``."""
+        import torch
+
+        self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "save", "path": str(optimizer_state)}))
+        return {"epoch": self.config.epochs, "version": self.version,
+                "weights": [torch.from_numpy(w) for w in self.weights()], "paramserver_state": str(optimizer_state)}
+
 
 def _add_timings(timings: dict[str, float], replies: list[dict[str, Any]]) -> None:
     """Per task kind, the slowest server's time (the phase waits for it); bytes are summed."""

@@ -137,8 +137,7 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
             store = open_store(store_path, verify=False)
         with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
             trainer = DistributedTrainer(config, cluster)
-            return _train(config, trainer, run, progress,
-                          lambda: {"epoch": config.epochs, "weights": [torch.from_numpy(w) for w in trainer.weights()]},
+            return _train(config, trainer, run, progress, lambda: trainer.checkpoint(run.path / "paramserver.npz"),
                           extra={"dataset": store.meta.dataset, "num_nodes": store.meta.num_nodes,
                                  "num_edges": store.meta.num_edges, "parts": store.num_parts})
     finally:
