@@ -76,3 +76,16 @@ def test_sync_matches_reference(tmp_path, tmp_path_factory, request, dataset_nam
         intervals_per_epoch = got[0]["invocations"] / (2 * 2 + 1)
         assert parts <= intervals_per_epoch <= parts * functions
         assert all(m["billed_gb_s"] > 0 and m["cost_usd"] > 0 for m in got)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cora_lambda_two_parts_reaches_reference_accuracy(tmp_path, cora):
+    """The full Planetoid recipe (200 epochs) through the Lambda emulator on 2 graph servers."""
+    ref = TrainConfig(dataset="cora", backend="reference", epochs=200, eval_every=200, run_dir=str(tmp_path / "ref"))
+    reference = run_training(ref, cora, progress=io.StringIO())
+    lam = TrainConfig(dataset="cora", backend="lambda", parts=2, epochs=200, eval_every=200,
+                      run_dir=str(tmp_path / "lambda"))
+    distributed = run_training(lam, cora, progress=io.StringIO())
+    assert abs(distributed["final_test_acc"] - reference["final_test_acc"]) * 1000 <= 1
+    assert distributed["final_test_acc"] >= 0.8
