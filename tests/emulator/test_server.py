@@ -245,7 +245,20 @@ def test_unknown_function(emulator, client):
     assert exc.response["Error"]["Code"] == "ResourceNotFoundException"
 
 
-def test_concurrency_limit_throttles(emulator, client, tmp_path):
+@pytest.fixture
+def patient_emulator():
+    """Like ``emulator``, with a timeout long enough for handlers that hold their slot for
+    seconds (a loaded machine needs that long to send the calls that must be throttled)."""
+    server = serve(functions=FUNCTIONS, concurrency=2, memory_mb=MEMORY_MB, timeout_s=30, code_dirs=[CODE_DIR])
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_concurrency_limit_throttles(patient_emulator, tmp_path):
+    emulator = patient_emulator
+    client = boto_client(emulator)
     marker = tmp_path / "events"
     before = emulator.stats()["throttles"]
     # Both slots taken (admission happens before the 202) for long enough that a loaded machine
@@ -267,6 +280,7 @@ def test_concurrency_limit_throttles(emulator, client, tmp_path):
                what="the throttling calls to finish")
     wait_idle(emulator)
     assert client.invoke(FunctionName="echo")["StatusCode"] == 200
+    client.close()
 
 
 def _json_payload(size: int) -> bytes:
