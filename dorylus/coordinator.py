@@ -107,13 +107,14 @@ class LocalCluster:
             lambda_args = ["--lambda-endpoint", self.emulator.url, "--function-name", FUNCTION_NAME]
 
         ready_files = []
+        threads = max(1, len(os.sched_getaffinity(0)) // self.store.num_parts)
         for i in range(self.store.num_parts):
             ready = logs / f"graphserver-{i}.endpoint"
             ready_files.append(ready)
             self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
                 "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
                 "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
-                *lambda_args])
+                "--threads", str(threads), *lambda_args])
         endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
         self.servers = [self._dealer(e) for e in endpoints]
         replies = self.phase("connect", peers=",".join(endpoints))

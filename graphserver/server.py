@@ -430,10 +430,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", help="write the bound endpoint into this file once listening")
     parser.add_argument("--lambda-endpoint", help="Lambda Invoke API endpoint URL (the emulator's, or omit for AWS)")
     parser.add_argument("--function-name", default="dorylus-gcn", help="name of the deployed function")
+    parser.add_argument("--threads", type=int, help="threads for Gather (default: torch's, all cores); local mode "
+                                                    "gives each of P servers its share so they do not oversubscribe")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     config = TrainConfig.from_dict(load_config_file(args.config), where=args.config)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     parent = os.getppid()
 
     async def main() -> None:
