@@ -200,16 +200,18 @@ class GraphServer:
             self.counters["duplicate_pushes"] += 1
             return True
         s = self.state
-        last = header.layer == len(self.spec.layers) - 1
-        destinations = {"AV": ("H", lambda: s.H[header.layer + 1][: s.n_owned]), "AV_BWD": ("GZ", lambda: s.GZ[header.layer]),
-                        "AV_LOSS": ("GZ", lambda: s.GZ[header.layer])}
-        if header.task not in destinations or (header.task == "AV_LOSS") != last:
-            raise ProtocolError("bad_field", f"task {header.task} does not push at layer {header.layer}", req=header.req)
-        name, dest = destinations[header.task]
-        if tuple(header.names) not in ((name,), ()) or (header.names == () and header.task != "AV_LOSS"):
-            raise ProtocolError("bad_field", f"{header.task} must push {name!r}, got {list(header.names)}", req=header.req)
-        if header.names:
-            protocol.write_rows(dest(), header, tensors[0])
+        # What each task pushes, and where it goes: AV the next layer's input rows, the others dL/dZ.
+        if header.task == "AV":
+            expected, dest = ("H",), s.H[header.layer + 1][: s.n_owned]
+        elif header.task == "AV_BWD":
+            expected, dest = ("GZ",), s.GZ[header.layer]
+        else:  # AV_LOSS; an evaluation pass pushes only its counts
+            expected, dest = (("GZ",) if header.names else ()), s.GZ[header.layer]
+        if tuple(header.names) != expected:
+            raise ProtocolError("bad_field", f"{header.task} must push {list(expected)}, got {list(header.names)}",
+                                req=header.req)
+        if expected:
+            protocol.write_rows(dest, header, tensors[0])
         self.pushed[key] = dict(header.meta)
         return False
 
