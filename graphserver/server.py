@@ -22,13 +22,11 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import signal
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
