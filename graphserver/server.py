@@ -4,9 +4,9 @@ One asyncio loop serves a ROUTER socket that functions (PULL/PUSH), peer graph s
 (GHOSTS) and the coordinator (COMMAND) all talk to. The coordinator runs training as phases;
 each COMMAND is one phase on every graph server:
 
-* ``forward`` (epoch, layer, training, version): GA, then one AV task per interval (the fused
-  AV_LOSS on the last layer), then SC: send the new rows that peers hold as ghosts and wait for
-  theirs. The wait is the synchronous barrier.
+* ``forward`` (epoch, layer, training, version): per interval, GA of its rows and then its AV
+  task (the fused AV_LOSS on the last layer), intervals overlapping; then SC: send the new rows
+  that peers hold as ghosts and wait for theirs. The wait is the synchronous barrier.
 * ``backward`` (epoch, layer >= 1, version): GA_BWD (``A_hat^T · dZ_l``), SC_BWD (ghost-row
   gradients go back to their owners and are summed in peer order), then AV_BWD of layer l-1.
 
@@ -289,12 +289,19 @@ class GraphServer:
         s, L = self.state, len(self.spec.layers)
         last = layer == L - 1
         start = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self.executor, s.gather, layer, epoch, training)
-        ga = time.perf_counter()
-        task = "AV_LOSS" if last else "AV"
-        results = await self._run_tasks(task, epoch, layer, training, version)
+        loop = asyncio.get_running_loop()
+        source = await loop.run_in_executor(self.executor, s.gather_input, layer, epoch, training)
+        gather_s = time.perf_counter() - start
+
+        async def gather(interval: int) -> None:  # GA of an interval; its AV starts right after
+            nonlocal gather_s
+            t = time.perf_counter()
+            await loop.run_in_executor(self.executor, s.gather, layer, interval, source)
+            gather_s += time.perf_counter() - t
+
+        results = await self._run_tasks("AV_LOSS" if last else "AV", epoch, layer, training, version, gather)
         av = time.perf_counter()
-        out: dict[str, Any] = {"ga_s": ga - start, "av_s": av - ga}
+        out: dict[str, Any] = {"ga_s": gather_s, "av_s": av - start}
         if last:
             for name in ("loss", "correct_train", "correct_val", "correct_test"):
                 out[name] = sum(r[name] for r in results)
@@ -344,14 +351,23 @@ class GraphServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.inbox_changed.wait(), remaining)
 
-    async def _run_tasks(self, task: str, epoch: int, layer: int, training: bool, version: int) -> list[dict]:
-        """One task per interval, through the backend; returns each interval's pushed meta."""
+    async def _run_tasks(self, task: str, epoch: int, layer: int, training: bool, version: int,
+                         before=None) -> list[dict]:
+        """One task per interval, through the backend, each after ``await before(interval)`` if
+        given (so graph work on one interval overlaps function work on another); returns each
+        interval's pushed meta."""
         phase = (task, epoch, layer)
         self.active = {phase}
         events = [self._event(task, epoch, layer, i, training, version) for i in range(len(self.state.intervals))]
         run = self._run_local if self.backend == "cpu" else self._run_remote
+
+        async def pipeline(event: dict[str, Any]) -> None:
+            if before is not None:
+                await before(event["interval"])
+            await run(event)
+
         try:
-            await asyncio.gather(*(run(e) for e in events))
+            await asyncio.gather(*(pipeline(e) for e in events))
             results = []
             for e in events:
                 key = (task, e["interval"], epoch, layer)

@@ -59,6 +59,13 @@ class PartitionState:
         adj = _csr(part.indptr, part.indices, part.weights, (n_owned, n_local))
         self.adj = adj
         self.adj_t = adj.to_sparse_coo().t().coalesce().to_sparse_csr()
+        # Row blocks of A_hat, one per interval, so that each interval's Gather can run (and its
+        # function start) without waiting for the others.
+        self.adj_blocks = [
+            _csr(part.indptr[a:b + 1] - part.indptr[a], part.indices[part.indptr[a]:part.indptr[b]],
+                 part.weights[part.indptr[a]:part.indptr[b]], (b - a, n_local))
+            for a, b in self.intervals
+        ]
 
         features = np.asarray(part.features, dtype=np.float32)
         self.X = np.zeros((n_local, features.shape[1]), dtype=np.float32)
@@ -70,27 +77,34 @@ class PartitionState:
         self.Z = {l: np.zeros((n_owned, dims[l]), dtype=np.float32) for l in range(len(dims))}
         self.GZ = {l: np.zeros((n_owned, dims[l]), dtype=np.float32) for l in range(len(dims))}
         self.GH = {l: np.zeros((n_owned, dims[l]), dtype=np.float32) for l in range(1, len(dims))}
-        self._z0_no_dropout: np.ndarray | None = None
+        self._z0_no_dropout: dict[int, np.ndarray] = {}
 
     @property
     def n_owned(self) -> int:
         return self.part.n_owned
 
-    def gather(self, layer: int, epoch: int, training: bool) -> None:
-        """GA: ``Z_l = A_hat_local · H_l``. Layer 0 applies the input dropout to ``[owned;
-        ghost]`` feature rows (keyed by global id, so every server agrees); without dropout its
-        result is static and computed once."""
+    def gather_input(self, layer: int, epoch: int, training: bool) -> np.ndarray | None:
+        """The ``[n_local, d_l]`` rows Gather reads for layer ``l``, or ``None`` when layer 0 runs
+        without dropout (its result is static and cached). Layer 0 applies the input dropout to
+        ``[owned; ghost]`` feature rows, keyed by global id, so every server agrees."""
         if layer > 0:
-            self.Z[layer][:] = spmm(self.adj, self.H[layer])
-            return
+            return self.H[layer]
         p = self.spec.layers[0].dropout
         if training and p > 0:
             keep = keep_mask(self.seed, epoch, 0, self.global_ids, self.X.shape[1], p)
-            self.Z[0][:] = spmm(self.adj, self.X * keep * np.float32(1.0 / (1.0 - p)))
+            return self.X * keep * np.float32(1.0 / (1.0 - p))
+        return None
+
+    def gather(self, layer: int, interval: int, source: np.ndarray | None) -> None:
+        """GA of one interval: ``Z_l[rows] = A_hat[rows, :] · source``, with ``source`` from
+        :meth:`gather_input`."""
+        a, b = self.intervals[interval]
+        if source is not None:
+            self.Z[layer][a:b] = spmm(self.adj_blocks[interval], source)
             return
-        if self._z0_no_dropout is None:
-            self._z0_no_dropout = spmm(self.adj, self.X)
-        self.Z[0][:] = self._z0_no_dropout
+        if interval not in self._z0_no_dropout:
+            self._z0_no_dropout[interval] = spmm(self.adj_blocks[interval], self.X)
+        self.Z[0][a:b] = self._z0_no_dropout[interval]
 
     def gather_backward(self, layer: int) -> np.ndarray:
         """GA_BWD: ``A_hat_local^T · dL/dZ_l`` for all local rows, ``[n_local, d_l]``; ghost
