@@ -47,6 +47,7 @@ import numpy as np
 
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import DatasetError
+from dorylus.normalize import sorted_unique
 
 Progress = Callable[[str], None]
 
@@ -290,7 +291,7 @@ def _sample_pool(
             lambda done: report(f"{spec.name}: {kind} edges, round {rounds + 1}, {done}/{line.labels.size} sources"),
         )
         before = keys.size
-        keys = _sorted_unique(np.concatenate((keys, fresh)) if keys.size else fresh)
+        keys = sorted_unique(np.concatenate((keys, fresh)) if keys.size else fresh, in_place=True)
         survival = (keys.size - before) / max(int(counts.sum()), 1)
         del fresh, counts
         rounds += 1
@@ -381,17 +382,6 @@ def _sample_targets(line: _Line, community: np.ndarray, own: bool, rng: np.rando
     # Float round-off at segment edges must not move a draw into or out of the own community.
     np.clip(pos, lo, hi, out=pos)
     return line.by_community[pos]
-
-
-def _sorted_unique(keys: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of ``keys``, sorting ``keys`` in place (no extra full-size copy)."""
-    keys.sort()
-    if keys.size == 0:
-        return keys
-    distinct = np.empty(keys.size, dtype=np.bool_)
-    distinct[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=distinct[1:])
-    return keys[distinct]
 
 
 def _class_features(spec: SyntheticSpec, labels: np.ndarray, rng) -> np.ndarray:
