@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import statistics
@@ -53,6 +52,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
+from common import positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("reference", "cpu", "lambda")
@@ -138,27 +138,6 @@ def print_tasks(rows: list[dict[str, Any]]) -> None:
     for r in distributed:
         print(f"{r['backend']:<10} " + " ".join(f"{r['task_s_mean'][k]:9.4f}" for k in TASKS) + " "
               + " ".join(f"{r['bytes_per_epoch'][k] / 2**20:10.2f}" for k in TRAFFIC))
-
-
-def write_json(result: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def backend_list(text: str) -> list[str]:

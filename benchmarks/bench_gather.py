@@ -33,7 +33,6 @@ Prints a table and writes ``benchmarks/results/gather.json`` (``--output``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -55,6 +54,7 @@ from dorylus.errors import DorylusError
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import assign_parts, open_store, write_store
 from graphserver.state import PartitionState, spmm
+from common import positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "torch.sparse.mm CSR"
@@ -126,27 +126,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         print(f"{r['direction']:<9} {r['width']:>4} {r['kernel']:<22} {r['n_rows']:>7} {r['n_cols']:>7} "
               f"{r['nnz']:>9} {r['ms_median']:9.3f} {r['ms_min']:8.3f} {r['gb_per_s']:6.2f} {r['ratio_vs_csr']:6.2f}x")
-
-
-def write_json(result: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def width_list(text: str) -> list[int]:

@@ -30,23 +30,13 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dorylus.data.synthetic import PRESETS, generate_preset, preset_names  # noqa: E402
+from common import status_kb
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def peak_gb() -> float:
-    kb = _status_kb("VmHWM")
+    kb = status_kb("VmHWM")
     return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 2**20
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from dorylus.data.graph import GraphDataset
 from dorylus.partition import METHODS, assign_parts, format_stats, open_store, partition_stats, write_store
+from common import status_kb
 
 CORA = Path("/work/shared/data/cora.npz")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,24 +45,13 @@ def _reset_peak() -> bool:
         return False
 
 
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def _rss_mb() -> float:
-    kb = _status_kb("VmRSS")
+    kb = status_kb("VmRSS")
     return kb / 1024 if kb is not None else float("nan")
 
 
 def _peak_mb(per_stage: bool) -> float:
-    kb = _status_kb("VmHWM") if per_stage else None
+    kb = status_kb("VmHWM") if per_stage else None
     return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
 
 

@@ -34,12 +34,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,7 @@ from dorylus.errors import DorylusError
 from dorylus.models.reference import accuracy
 from dorylus.models.spec import ModelSpec
 from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, summarize
+from common import positive_int, write_json
 
 CORA = Path("/work/shared/data/cora.npz")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -288,20 +287,6 @@ def print_accuracy_table(sections: list[dict[str, Any]]) -> None:
                   f"{s[f'{system}_mean']:>7.4f} {s[f'{system}_std']:>7.4f}")
 
 
-def write_json(result: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -310,13 +295,6 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise argparse.ArgumentTypeError("--seeds is empty")
     return seeds
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
