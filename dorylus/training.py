@@ -125,13 +125,14 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
     from dorylus.coordinator import DistributedTrainer, LocalCluster
     from dorylus.partition import assign_parts, open_store, write_store
 
+    # A bad store or partitioning fails before the run directory exists: nothing is left behind.
+    store = open_store(config.partitions, verify=True) if config.partitions else None
+    if store is None:
+        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts,
+                             config.partition_method, seed=config.seed)
     run = RunDir(config.run_dir, config.to_dict())
     try:
-        if config.partitions:
-            store = open_store(config.partitions, verify=True)
-        else:
-            parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts,
-                                 config.partition_method, seed=config.seed)
+        if store is None:
             store_path = run.path / "partitions"
             write_store(dataset, parts, store_path, method=config.partition_method, seed=config.seed)
             store = open_store(store_path, verify=False)

@@ -86,3 +86,14 @@ def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
              train_mask=bad.train_mask, val_mask=bad.val_mask, test_mask=bad.test_mask)
     assert main(["train", "--dataset", str(path), "--run-dir", str(tmp_path / "r")]) == 2
     assert "NaN" in capsys.readouterr().err
+
+
+def test_bad_partition_store_leaves_no_run_directory(tmp_path, capsys):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "meta.json").write_text("{not json")
+    assert main(["train", "--partitions", str(store), "--backend", "cpu", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "meta.json" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    code = main(["train", "--dataset", "synthetic-small", "--parts", "30000", "--run-dir", str(tmp_path / "r")])
+    assert code == 2 and not (tmp_path / "r").exists()
