@@ -31,6 +31,8 @@ from lambdas.compute import encode_split
 def _csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        # The arrays are read-only memory maps of the partition store; the matrix is never written.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.sparse_csr_tensor(torch.from_numpy(np.ascontiguousarray(indptr)),
                                        torch.from_numpy(np.ascontiguousarray(indices)),
                                        torch.from_numpy(np.ascontiguousarray(values)), size=shape,
