@@ -113,10 +113,8 @@ class GraphServer:
     async def serve(self, bind: str, ready_file: str | None = None) -> None:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        port = self.router.bind_to_random_port(bind.rsplit(":", 1)[0]) if bind.endswith(":0") else None
-        if port is None:
-            self.router.bind(bind)
-        self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}" if port else bind
+        self.router.bind(bind)
+        self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
         self.ps = AsyncPeer(self.ctx, self.param_server, "parameter server")
         if ready_file:
             _atomic_write(ready_file, self.endpoint)
