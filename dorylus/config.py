@@ -85,6 +85,12 @@ class TrainConfig:
             (self.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
             (self.task_timeout_s > 0, "task_timeout_s must be > 0"),
         ]
+        from dorylus.cost import DEFAULT_PRICES
+
+        for name in ("graph_server_instance", "param_server_instance"):
+            if getattr(self, name) not in DEFAULT_PRICES.ec2_hour_usd:
+                checks.append((False, f"{name}={getattr(self, name)!r} is not in the price table; known: "
+                                      + ", ".join(sorted(DEFAULT_PRICES.ec2_hour_usd))))
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"invalid config: {message}")
@@ -145,7 +151,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="config file (.toml or .json); flags override it")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (default: {f.default})"
+        help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
         kind = _field_type(f)
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)

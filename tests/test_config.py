@@ -34,6 +34,7 @@ def test_file_then_flags(tmp_path):
     ('dropout = 1.0\n', "dropout must be in [0, 1)"),
     ('optimizer = "lbfgs"\n', "optimizer='lbfgs' is not one of adam, sgd"),
     ('hidden = \n', "is not valid toml"),
+    ('graph_server_instance = "m9.huge"\n', "graph_server_instance='m9.huge' is not in the price table"),
 ])
 def test_bad_config_file_names_file_and_problem(tmp_path, content, message):
     path = tmp_path / "bad.toml"
