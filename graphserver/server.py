@@ -43,6 +43,9 @@ from graphserver.state import PartitionState
 from lambdas.handler import PULL_NAMES, compute_task, task_header
 
 
+PASSES = ("setup", "train", "eval")  # kinds of ghost exchange: features once, then per epoch
+
+
 class AsyncPeer:
     """A DEALER connection to a server, one request in flight at a time."""
 
@@ -102,7 +105,7 @@ class GraphServer:
         # The phase in progress: pushes for any other (task, epoch, layer) are stale and dropped.
         self.active: set[tuple[str, int, int]] = set()
         self.pushed: dict[tuple, dict[str, Any]] = {}
-        self.inbox: dict[tuple[str, int, int], dict[int, np.ndarray]] = defaultdict(dict)
+        self.inbox: dict[tuple[str, str, int, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.inbox_changed = asyncio.Event()
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
@@ -212,6 +215,9 @@ class GraphServer:
         return False
 
     def _accept_ghosts(self, header: Header, tensors: list[np.ndarray]) -> None:
+        tag = header.meta.get("pass", "train")
+        if tag not in PASSES:
+            raise ProtocolError("bad_field", f"GHOSTS pass {tag!r} is not one of {', '.join(PASSES)}", req=header.req)
         peer = header.part
         if peer is None or not 0 <= peer < self.num_parts or peer == self.part_id:
             raise ProtocolError("out_of_range", f"GHOSTS from invalid part {peer}", req=header.req)
@@ -226,8 +232,10 @@ class GraphServer:
         if rows.ndim != 2 or rows.shape[1] != width or rows.dtype != np.float32:
             raise ProtocolError("dest_mismatch", f"GHOSTS rows must be float32 [n, {width}], got {rows.dtype}{list(rows.shape)}",
                                 req=header.req)
-        key = (header.task, header.epoch, header.layer)
-        if peer not in self.inbox[key]:
+        key = (tag, header.task, header.epoch, header.layer)
+        if peer in self.inbox[key]:
+            self.counters["duplicate_ghosts"] += 1
+        else:
             self.inbox[key][peer] = rows.copy()
             self.inbox_changed.set()
 
@@ -273,13 +281,13 @@ class GraphServer:
             if j != self.part_id and j not in self.peers:
                 self.peers[j] = AsyncPeer(self.ctx, endpoint, f"graph server {j}")
         # Static features of ghost vertices travel once; dropout is applied locally per epoch.
-        await self._scatter(0, 0, self.state.X)
+        await self._scatter(0, 0, self.state.X, "setup")
         return {"ghosts": int(self.state.part.n_ghost), "intervals": len(self.state.intervals)}
 
-    async def _scatter(self, epoch: int, layer: int, buffer: np.ndarray) -> None:
+    async def _scatter(self, epoch: int, layer: int, buffer: np.ndarray, tag: str) -> None:
         """SC: peers get our rows of ``buffer`` that they hold as ghosts; theirs fill our ghost rows."""
-        await self._exchange("SC", epoch, layer, source=buffer)
-        received = self.inbox.pop(("SC", epoch, layer), {})
+        await self._exchange("SC", epoch, layer, buffer, tag)
+        received = self.inbox.pop((tag, "SC", epoch, layer), {})
         for j in self.peers:
             buffer[self.state.part.ghost_rows(j)] = received[j]
 
@@ -304,7 +312,7 @@ class GraphServer:
             for name in ("loss", "correct_train", "correct_val", "correct_test"):
                 out[name] = sum(r[name] for r in results)
         else:
-            await self._scatter(epoch, layer + 1, s.H[layer + 1])
+            await self._scatter(epoch, layer + 1, s.H[layer + 1], "train" if training else "eval")
             out["sc_s"] = time.perf_counter() - av
         return out
 
@@ -315,18 +323,19 @@ class GraphServer:
         start = time.perf_counter()
         local = await asyncio.get_running_loop().run_in_executor(self.executor, s.gather_backward, layer)
         ga = time.perf_counter()
-        await self._exchange("SC_BWD", epoch, layer, source=local)
+        await self._exchange("SC_BWD", epoch, layer, local, "train")
         grad = s.GH[layer]
         grad[:] = local[: s.n_owned]
-        received = self.inbox.pop(("SC_BWD", epoch, layer), {})
+        received = self.inbox.pop(("train", "SC_BWD", epoch, layer), {})
         for j in sorted(self.peers):  # fixed order: the sum does not depend on arrival order
             grad[s.part.send_rows(j)] += received[j]
         sc = time.perf_counter()
         await self._run_tasks("AV_BWD", epoch, layer - 1, True, version)
         return {"ga_bwd_s": ga - start, "sc_bwd_s": sc - ga, "av_bwd_s": time.perf_counter() - sc}
 
-    async def _exchange(self, task: str, epoch: int, layer: int, source: np.ndarray) -> None:
-        """Send every peer its rows of ``source`` and wait until every peer's rows arrived."""
+    async def _exchange(self, task: str, epoch: int, layer: int, source: np.ndarray, tag: str) -> None:
+        """Send every peer its rows of ``source`` and wait until every peer's rows arrived.
+        ``tag`` (one of PASSES) keeps the exchanges of one epoch's training and evaluation passes apart."""
         s = self.state
         timeout = self.config.task_timeout_s
 
@@ -334,10 +343,10 @@ class GraphServer:
             rows = source[s.part.send_rows(j)] if task == "SC" else source[s.part.ghost_rows(j)]
             self.counters["ghost_bytes_out"] += rows.nbytes
             await self.peers[j].request(Header(Op.GHOSTS, task=task, epoch=epoch, layer=layer, part=self.part_id,
-                                               rows=(0, rows.shape[0])), [rows], timeout=timeout)
+                                               rows=(0, rows.shape[0]), meta={"pass": tag}), [rows], timeout=timeout)
 
         await asyncio.gather(*(send(j) for j in self.peers))
-        key = (task, epoch, layer)
+        key = (tag, task, epoch, layer)
         deadline = time.monotonic() + timeout
         while len(self.inbox[key]) < len(self.peers):
             self.inbox_changed.clear()

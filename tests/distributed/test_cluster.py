@@ -109,6 +109,10 @@ def _ask(endpoint: str, header: Header, tensors=()) -> Header:
     (Header(Op.PULL, task="AV", epoch=1, layer=5, interval=0, rows=(0, 1), names=("Z",)), [], "out_of_range"),
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=0, rows=(0, 1)), [np.zeros((1, 4), np.float32)],
      "out_of_range"),  # a server's own part id
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), meta={"pass": "bogus"}),
+     [np.zeros((1, 4), np.float32)], "bad_field"),
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 10**6)), [np.zeros((10**6, 4), np.float32)],
+     "row_count"),
     (Header(Op.COMMAND, meta={"command": "explode"}), [], "internal"),
 ])
 def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
