@@ -64,6 +64,7 @@ import numpy as np
 import zmq
 
 from dorylus.errors import DorylusError
+from dorylus.lifecycle import stop_with_parent
 from dorylus.models.spec import ModelSpec
 from dorylus.optim import make_optimizer
 from dorylus.protocol import (
@@ -486,6 +487,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_config(config, args.num_features, args.num_classes)
     server = ParameterServer(spec, config.seed, config.optimizer, config.lr, bind=args.bind)
     previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watch = stop_with_parent(server.stop)
     try:
         if args.ready_file:
             ready = Path(args.ready_file)
@@ -495,6 +497,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"paramserver listening on {server.endpoint}", flush=True)
         server.serve_forever()
     finally:
+        watch.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()

@@ -35,6 +35,7 @@ import zmq.asyncio
 
 from dorylus import protocol
 from dorylus.config import TrainConfig, load_config_file
+from dorylus.lifecycle import stop_with_parent
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
@@ -436,14 +437,6 @@ def _atomic_write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def _watch_parent(server: GraphServer, parent: int) -> None:
-    """Exit when the coordinator that started us is gone, so a killed run leaves no orphans."""
-    while not server.stopping.is_set():
-        if os.getppid() != parent:
-            server.stopping.set()
-        await asyncio.sleep(1.0)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, help="partition store directory")
     parser.add_argument("--part", type=int, required=True, help="partition id this server owns")
@@ -463,7 +456,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    parent = os.getppid()
 
     async def main() -> None:
         server = GraphServer(args.store, args.part, config, param_server=args.param_server,
@@ -471,11 +463,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopping.set)
-        watcher = asyncio.create_task(_watch_parent(server, parent))
+        watch = stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set))
         try:
             await server.serve(args.bind, args.ready_file)
         finally:
-            watcher.cancel()
+            watch.set()
             if server.invoker is not None:
                 await server.invoker.close()
 

@@ -49,6 +49,7 @@ class _Worker:
         self.process.start()
         child.close()
         self.ready = False
+        self._stop_lock = threading.Lock()
         # One log stream per sandbox, named like Lambda's: date/[version]id.
         day = datetime.now(timezone.utc).strftime("%Y/%m/%d")
         self.log_stream_name = f"{day}/[$LATEST]{uuid.uuid4().hex}"
@@ -79,11 +80,12 @@ class _Worker:
     def stop(self, timeout_s: float = 5.0) -> None:
         # SIGKILL, as Lambda ends a sandbox: a handler cannot delay or block it, and a worker
         # holds nothing that needs flushing.
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout_s)
-        if not self.conn.closed:  # close() and a failing call may both retire the same worker
-            self.conn.close()
+        with self._stop_lock:  # close() and a failing call's thread may both retire this worker
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(timeout_s)
+            if not self.conn.closed:
+                self.conn.close()
 
 
 def _exit_description(exitcode: int | None) -> str:

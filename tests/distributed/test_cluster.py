@@ -156,3 +156,33 @@ def test_ctrl_c_stops_every_process(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
+
+
+def test_killed_coordinator_leaves_no_orphans(tmp_path):
+    data = tmp_path / "g.npz"
+    save_npz(random_graph(num_nodes=60, num_edges=200), data)
+    command = [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(data), "--backend", "lambda",
+               "--parts", "2", "--epochs", "100000", "--hidden", "4", "--run-dir", str(tmp_path / "run")]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+                               start_new_session=True)
+    roles: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        for line in process.stderr:
+            if line.startswith("epoch 2/"):
+                break
+            assert time.monotonic() < deadline, "training did not reach epoch 2"
+        roles = children_of(process.pid)
+        process.kill()  # no chance to clean up: the roles must notice on their own
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in roles) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in roles if alive(pid)], "roles outlived their coordinator"
+    finally:
+        for pid in roles:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
