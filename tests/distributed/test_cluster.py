@@ -130,35 +130,11 @@ def test_stale_push_is_dropped_not_written(cpu_cluster):
     assert reply.op is Op.ACK and reply.meta["duplicate"] is True
 
 
-def test_ctrl_c_stops_every_process(tmp_path):
-    data = tmp_path / "g.npz"
-    save_npz(random_graph(num_nodes=60, num_edges=200), data)
-    command = [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(data), "--backend", "lambda",
-               "--parts", "2", "--epochs", "100000", "--hidden", "4", "--run-dir", str(tmp_path / "run")]
-    # Its own process group, so that SIGINT reaches every process as a terminal's Ctrl-C does.
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
-                               start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        for line in process.stderr:
-            if line.startswith("epoch 3/"):
-                break
-            assert time.monotonic() < deadline, "training did not reach epoch 3"
-        roles = children_of(process.pid)
-        assert len(roles) >= 4  # parameter server, two graph servers, emulator workers
-        os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=60) == 130
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in roles) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in roles if alive(pid)], "Ctrl-C left processes behind"
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def test_killed_coordinator_leaves_no_orphans(tmp_path):
+@pytest.fixture
+def training_process(tmp_path):
+    """``dorylus train`` (lambda backend, 2 parts) in its own process group, so that a signal to
+    the group reaches every process as a terminal's Ctrl-C does; returned once it reached
+    epoch 2, with the pids of the roles it started. Everything is killed at the end."""
     data = tmp_path / "g.npz"
     save_npz(random_graph(num_nodes=60, num_edges=200), data)
     command = [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(data), "--backend", "lambda",
@@ -173,12 +149,8 @@ def test_killed_coordinator_leaves_no_orphans(tmp_path):
                 break
             assert time.monotonic() < deadline, "training did not reach epoch 2"
         roles = children_of(process.pid)
-        process.kill()  # no chance to clean up: the roles must notice on their own
-        process.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while any(alive(pid) for pid in roles) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [pid for pid in roles if alive(pid)], "roles outlived their coordinator"
+        assert len(roles) >= 4  # parameter server, two graph servers, emulator workers
+        yield process, roles
     finally:
         for pid in roles:
             if alive(pid):
@@ -186,3 +158,24 @@ def test_killed_coordinator_leaves_no_orphans(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
+
+
+def wait_gone(pids: set[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def test_ctrl_c_stops_every_process(training_process):
+    process, roles = training_process
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    assert not wait_gone(roles, 10), "Ctrl-C left processes behind"
+
+
+def test_killed_coordinator_leaves_no_orphans(training_process):
+    process, roles = training_process
+    process.kill()  # no chance to clean up: the roles must notice on their own
+    process.wait(timeout=10)
+    assert not wait_gone(roles, 20), "roles outlived their coordinator"
