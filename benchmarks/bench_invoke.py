@@ -10,12 +10,12 @@ per call. Prints a table and writes ``benchmarks/results/invoke.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
 from pathlib import Path
+from common import write_json
 
 
 def noop(event, context):
@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "invoke", "rows": rows, "emulator_stats": stats,
               "python": platform.python_version(), "cpus": os.cpu_count(),
               "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

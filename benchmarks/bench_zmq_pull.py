@@ -14,7 +14,6 @@ Prints a table and writes benchmarks/results/zmq_pull.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -25,6 +24,7 @@ import numpy as np
 import zmq
 
 from dorylus import protocol as P
+from common import write_json
 
 COLS = 1024
 MAX_ROWS = 4096
@@ -138,9 +138,7 @@ def main() -> None:
                     "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "numpy": np.__version__},
         "results": results,
     }
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_json(out, RESULTS)
     print(f"wrote {RESULTS}")
 
 

@@ -65,6 +65,7 @@ import zmq
 
 from dorylus.errors import DorylusError
 from dorylus.lifecycle import stop_with_parent
+from dorylus.runs import atomic_write_text
 from dorylus.models.spec import ModelSpec
 from dorylus.optim import make_optimizer
 from dorylus.protocol import (
@@ -490,10 +491,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     watch = stop_with_parent(server.stop)
     try:
         if args.ready_file:
-            ready = Path(args.ready_file)
-            tmp = ready.with_name(f".{ready.name}.tmp-{os.getpid()}")
-            tmp.write_text(server.endpoint + "\n")
-            os.replace(tmp, ready)
+            atomic_write_text(Path(args.ready_file), server.endpoint + "\n")
         print(f"paramserver listening on {server.endpoint}", flush=True)
         server.serve_forever()
     finally:

@@ -22,11 +22,11 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
-import os
 import signal
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,6 +39,7 @@ from dorylus.lifecycle import stop_with_parent
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
+from dorylus.runs import atomic_write_text
 from graphserver.invoker import LambdaInvoker, TaskFailed
 from graphserver.state import PartitionState
 from lambdas.handler import PULL_NAMES, compute_task, task_header
@@ -121,7 +122,7 @@ class GraphServer:
         self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
         self.ps = AsyncPeer(self.ctx, self.param_server, "parameter server")
         if ready_file:
-            _atomic_write(ready_file, self.endpoint)
+            atomic_write_text(Path(ready_file), self.endpoint)
         print(f"graph server {self.part_id} listening on {self.endpoint}", flush=True)
         receiver = asyncio.create_task(self._receive_loop())
         await self.stopping.wait()
@@ -229,7 +230,7 @@ class GraphServer:
             raise ProtocolError("row_count", f"GHOSTS {header.task} from part {peer} must carry rows [0, {expected})",
                                 req=header.req)
         rows = tensors[0]
-        width = self._width(header.task, header.layer)
+        width = self._width(header.layer)
         if rows.ndim != 2 or rows.shape[1] != width or rows.dtype != np.float32:
             raise ProtocolError("dest_mismatch", f"GHOSTS rows must be float32 [n, {width}], got {rows.dtype}{list(rows.shape)}",
                                 req=header.req)
@@ -240,7 +241,7 @@ class GraphServer:
             self.inbox[key][peer] = rows.copy()
             self.inbox_changed.set()
 
-    def _width(self, task: str, layer: int) -> int:
+    def _width(self, layer: int) -> int:
         if layer is None or not 0 <= layer < len(self.spec.layers):
             raise ProtocolError("out_of_range", f"layer {layer} out of range")
         return self.spec.layers[layer].in_dim
@@ -428,13 +429,6 @@ class GraphServer:
             self.router.close(linger=0)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.ctx.term()
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
