@@ -4,29 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
 from dorylus import __version__
-from dorylus.errors import DorylusError
+from dorylus.errors import ConfigError, DorylusError
 
 
 def _stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from dorylus.config import config_from_args
-    from dorylus.data.loaders import load_dataset
-    from dorylus.training import run_training
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    config = config_from_args(args)
-    dataset = None if config.partitions else load_dataset(config.dataset)
-    source = config.partitions or f"{dataset.name} ({dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges)"
-    print(f"training {config.model} ({config.layers} layers, hidden {config.hidden}) on {source}, "
-          f"backend {config.backend}", file=sys.stderr)
-    summary = run_training(config, dataset)
+
+def cmd_train(args: argparse.Namespace) -> int:
+    # SIGTERM stops a run like Ctrl-C: checkpoint, stop every role, print how to resume.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = _train_or_resume(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"final test accuracy {summary['final_test_acc']:.4f} (val {summary['final_val_acc']:.4f}), "
           f"best val {summary['best_val_acc']:.4f} at epoch {summary['best_val_epoch']} "
           f"(test {summary['test_acc_at_best_val']:.4f}); {summary['total_s']:.2f} s total, "
@@ -37,10 +38,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_or_resume(args: argparse.Namespace) -> dict:
+    from dorylus.config import config_from_args, overrides_from_args
+    from dorylus.data.loaders import load_dataset
+    from dorylus.training import check_new_run, resume_training, run_training
+
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume continues with the run's own config.json; --config cannot be combined with it")
+        return resume_training(args.resume, overrides_from_args(args))
+    config = check_new_run(config_from_args(args))
+    return run_training(config, None if config.partitions else load_dataset(config.dataset))
+
+
 def cmd_partition(args: argparse.Namespace) -> int:
     from dorylus.data.loaders import load_dataset
-    from dorylus.partition import assign_parts, format_stats, open_store, partition_stats, write_store
+    from dorylus.partition import assign_parts, check_store_target, format_stats, open_store, partition_stats, write_store
 
+    check_store_target(args.out, args.overwrite)  # before the minutes of loading and partitioning
     start = time.perf_counter()
     dataset = load_dataset(args.dataset)
     _stderr_progress(f"loaded {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges "
@@ -130,16 +145,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _forget_escaped_interrupt() -> None:
+    """CPython remembers a KeyboardInterrupt that escaped code run through ``PyRun_String`` (native
+    code on the torch import path runs some) and at exit kills the process with SIGINT, whatever
+    status main returned: about one Ctrl-C in ten during `train`'s imports ended with -2, not 130.
+    An empty ``PyRun_SimpleString`` resets that memory."""
+    import ctypes
+
+    ctypes.pythonapi.PyRun_SimpleString(b"")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # Named before parsing so that a Ctrl-C while the parser's modules import still says whose it is.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    prog = f"dorylus {command}" if command else "dorylus"
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except DorylusError as exc:
-        print(f"dorylus {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt:
-        print(f"dorylus {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
+        _forget_escaped_interrupt()
         return 130
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+
+MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
+MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
 
 
 def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -47,15 +51,24 @@ class TrainConfig:
     mode: str = _opt("sync", "'sync': barrier after every Scatter (exact, equals the reference)", ("sync",))
     partitions: str | None = _opt(None, "partition store directory to train on (default: partition --dataset "
                                   "into the run directory)")
-    parts: int = _opt(2, "number of graph servers (partitions) when partitioning at start")
+    parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
+                             "store's count with --partitions (giving another count is an error)")
     partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
     functions: int = _opt(2, "intervals per graph server: one function call per interval and task")
     function_handler: str = _opt("lambdas.handler:handler", "the function the local Lambda emulator runs (module:callable)")
-    lambda_memory_mb: int = _opt(1024, "function memory size (billing, and the emulator's setting)")
+    lambda_memory_mb: int = _opt(1024, "function memory size in MB, 128-10240 as Lambda allows (billing, and the "
+                                 "emulator's setting)")
     lambda_start_latency_ms: float = _opt(0.0, "emulated start latency added to each function call")
     graph_server_instance: str = _opt("c5.2xlarge", "EC2 instance type a graph server is priced at")
     param_server_instance: str = _opt("c5.xlarge", "EC2 instance type the parameter server is priced at")
-    task_timeout_s: float = _opt(600.0, "give up on a training phase that takes longer than this")
+    task_timeout_s: float = _opt(600.0, "a function call (and a phase never seen before) fails after this long; "
+                                 "at most 900 with the lambda backend, Lambda's limit")
+    watchdog_min_s: float = _opt(30.0, "watchdog: a role that answers no heartbeat for this long, or a phase "
+                                 "that runs longer than max(this, watchdog_factor x its moving mean), stops "
+                                 "the run with a checkpoint")
+    watchdog_factor: float = _opt(10.0, "watchdog: multiple of a phase's moving mean duration it may take")
+    checkpoint_every: int = _opt(10, "write checkpoint.pt every K epochs (also at the end, on Ctrl-C/SIGTERM "
+                                 "and when a role fails)")
     epochs: int = _opt(200, "number of training epochs")
     seed: int = _opt(0, "seed of weight init and dropout masks")
     eval_every: int = _opt(1, "evaluate train/val/test accuracy (dropout off) every N epochs")
@@ -79,11 +92,19 @@ class TrainConfig:
             (math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
-            (self.parts >= 1, "parts must be >= 1"),
+            (self.parts is None or self.parts >= 1, "parts must be >= 1"),
             (self.functions >= 1, "functions must be >= 1"),
-            (self.lambda_memory_mb >= 128, "lambda_memory_mb must be >= 128"),
+            (MEMORY_RANGE_MB[0] <= self.lambda_memory_mb <= MEMORY_RANGE_MB[1],
+             f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
+             f"got {self.lambda_memory_mb}"),
             (self.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
-            (self.task_timeout_s > 0, "task_timeout_s must be > 0"),
+            (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0, "task_timeout_s must be > 0"),
+            (self.backend != "lambda" or self.task_timeout_s <= MAX_TIMEOUT_S,
+             f"task_timeout_s must be <= {MAX_TIMEOUT_S:.0f} with the lambda backend (Lambda's limit), "
+             f"got {self.task_timeout_s:g}"),
+            (math.isfinite(self.watchdog_min_s) and self.watchdog_min_s > 0, "watchdog_min_s must be > 0"),
+            (math.isfinite(self.watchdog_factor) and self.watchdog_factor >= 1, "watchdog_factor must be >= 1"),
+            (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
         ]
         from dorylus.cost import DEFAULT_PRICES
 
@@ -96,6 +117,21 @@ class TrainConfig:
                 raise ConfigError(f"invalid config: {message}")
         return self
 
+    def check_function_handler(self) -> None:
+        """Import the lambda backend's ``function_handler`` here, before anything is written, so
+        that a typo fails in one line instead of in every function call."""
+        if self.backend != "lambda":
+            return
+        module_name, _, attr = self.function_handler.partition(":")
+        try:
+            handler = getattr(importlib.import_module(module_name), attr) if module_name and attr else None
+        except Exception as exc:  # any import failure of user code is a config error here
+            raise ConfigError(f"invalid config: function_handler {self.function_handler!r} does not import: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if not callable(handler):
+            raise ConfigError(f"invalid config: function_handler {self.function_handler!r} is not a "
+                              "module:callable")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -106,11 +142,14 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
         typed = {name: _coerce(known[name], value, where) for name, value in values.items()}
-        return cls(**typed)
+        try:
+            return cls(**typed)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def _field_type(f: dataclasses.Field) -> type:
-    return {"str": str, "int": int, "float": float, "bool": bool, "str | None": str}[str(f.type)]
+    return {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "int | None": int}[str(f.type)]
 
 
 def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
@@ -133,7 +172,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if path.suffix == ".json":
             values = json.loads(path.read_text())
         elif path.suffix == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
 
             values = tomllib.loads(path.read_text())
         else:
@@ -149,6 +191,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per config field; defaults are ``None`` so that unset flags don't override
     the config file."""
     parser.add_argument("--config", metavar="FILE", help="config file (.toml or .json); flags override it")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its checkpoint.pt with its config.json, appending "
+                             "to its metrics.jsonl; only --epochs, --eval-every, --checkpoint-every, "
+                             "--task-timeout-s, --watchdog-* and --lambda-start-latency-ms may change")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
@@ -161,10 +207,18 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                                 metavar=f.name.upper() if not f.metadata.get("choices") else None)
 
 
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields given as flags (type-checked, not yet validated as a whole)."""
+    known = {f.name: f for f in fields(TrainConfig)}
+    return {name: _coerce(known[name], getattr(args, name), "command line")
+            for name in known if getattr(args, name, None) is not None}
+
+
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
         values.update(load_config_file(args.config))
-    where = args.config or "command line"
-    values.update({f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None})
+    flags = overrides_from_args(args)
+    values.update(flags)
+    where = (f"{args.config} with command-line flags" if args.config and flags else args.config) or "command line"
     return TrainConfig.from_dict(values, where=where)

@@ -13,9 +13,11 @@ parameter server, then (when evaluating) forward phases without dropout for the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,7 +40,10 @@ STARTUP_TIMEOUT_S = 120.0
 
 
 class ClusterError(DorylusError):
-    """A role failed to start, reported an error, or died; the message says which and why."""
+    """A role failed to start, reported an error, died or stalled; the message says which and why.
+    Not bad input, so the CLI exits with status 1."""
+
+    exit_status = 1
 
 
 @dataclasses.dataclass
@@ -53,6 +58,104 @@ class _Child:
         except OSError:
             return ""
         return "\n".join(text[-lines:])
+
+    def state(self) -> str:
+        """The kernel's word for the process: running, sleeping, stopped (SIGSTOP), ..."""
+        try:
+            code = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return "unknown"
+        return {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped", "t": "stopped",
+                "Z": "exited"}.get(code, code)
+
+
+class Watchdog:
+    """Finds a role that stopped making progress without exiting.
+
+    * Heartbeat: every role (parameter server, graph servers) is pinged with HELLO over a socket
+      of its own every ``PING_S``; one that answers nothing for ``min_s`` is stalled (stopped,
+      deadlocked, or starved), whatever it was doing.
+    * Phases: a phase (or parameter-server command) may take ``max(min_s, factor x the moving
+      mean of the same step)``; a step seen for the first time gets ``first_s`` (the task
+      timeout). When it runs over while every role answers, the calls still in flight are the
+      stalled ones: the graph servers' STATS name them.
+    """
+
+    PING_S = 1.0
+    WINDOW = 10  # epochs in the moving mean
+
+    def __init__(self, ctx: zmq.Context, min_s: float, factor: float, first_s: float):
+        self.ctx, self.min_s, self.factor, self.first_s = ctx, min_s, factor, first_s
+        self.roles: list[tuple[_Child, zmq.Socket]] = []
+        self.unanswered_since: dict[str, float | None] = {}  # when the oldest unanswered ping was sent
+        self.last_ping: dict[str, float] = {}
+        self.durations: dict[str, list[float]] = {}
+
+    def watch(self, child: _Child, endpoint: str) -> None:
+        socket = self.ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(endpoint)
+        self.roles.append((child, socket))
+        self.unanswered_since[child.name], self.last_ping[child.name] = None, 0.0
+
+    def bound(self, step: str) -> tuple[float, str]:
+        """Seconds ``step`` may take, and why."""
+        history = self.durations.get(step)
+        if not history:
+            return self.first_s, f"the task timeout {self.first_s:g} s, for a step not seen before"
+        mean = sum(history) / len(history)
+        return (max(self.min_s, self.factor * mean),
+                f"max({self.min_s:g} s, {self.factor:g} x its moving mean {mean:.3g} s)")
+
+    def record(self, step: str, seconds: float) -> None:
+        history = self.durations.setdefault(step, [])
+        history.append(seconds)
+        del history[:-self.WINDOW]
+
+    def check_heartbeats(self, doing: str, bound_s: float | None = None) -> None:
+        """Raise ClusterError naming a role whose oldest unanswered ping is older than ``bound_s``
+        (default ``min_s``)."""
+        bound_s = self.min_s if bound_s is None else bound_s
+        now = time.monotonic()
+        for child, socket in self.roles:
+            while socket.poll(0, zmq.POLLIN):
+                socket.recv_multipart()
+                self.unanswered_since[child.name] = None
+            if now - self.last_ping[child.name] >= self.PING_S:
+                protocol.send(socket, Header(Op.HELLO, role="coordinator"))
+                self.last_ping[child.name] = now
+                if self.unanswered_since[child.name] is None:
+                    self.unanswered_since[child.name] = now
+            since = self.unanswered_since[child.name]
+            if since is not None and (silent := now - since) > bound_s:
+                raise ClusterError(f"watchdog: {child.name} (pid {child.process.pid}, {child.state()}) has not "
+                                   f"answered a heartbeat for {silent:.0f} s while the run was doing {doing}; "
+                                   f"its log: {child.log}")
+
+    def in_flight(self) -> str:
+        """What the graph servers report as still running, one clause per server."""
+        found = []
+        for child, socket in self.roles:
+            if not child.name.startswith("graph server"):
+                continue
+            while socket.poll(0, zmq.POLLIN):
+                socket.recv_multipart()
+                self.unanswered_since[child.name] = None
+            protocol.send(socket, Header(Op.STATS, req=1))
+            deadline = time.monotonic() + 2.0
+            while (wait := deadline - time.monotonic()) > 0 and socket.poll(int(wait * 1000), zmq.POLLIN):
+                reply, _ = protocol.decode(socket.recv_multipart())
+                if reply.op is Op.STATS:
+                    if reply.meta.get("oldest_call"):
+                        found.append(f"{child.name}: {reply.meta['in_flight']} call(s) in flight, the oldest "
+                                     f"{reply.meta['oldest_call']} (log: {child.log})")
+                    break
+        return "; ".join(found) or "no function call in flight"
+
+    def close(self) -> None:
+        for _, socket in self.roles:
+            socket.close(linger=0)
+        self.roles = []
 
 
 class LocalCluster:
@@ -71,6 +174,7 @@ class LocalCluster:
         self.ps_endpoint = ""
         self.intervals = 0
         self._ids = itertools.count(1)
+        self.watchdog = Watchdog(self.ctx, config.watchdog_min_s, config.watchdog_factor, config.task_timeout_s)
 
     # ------------------------------------------------------------------ start and stop
 
@@ -92,9 +196,10 @@ class LocalCluster:
         ps_ready = logs / "paramserver.endpoint"
         self._spawn("parameter server", logs / "paramserver.log", [
             "-m", "dorylus.paramserver", "--config", str(self.config_file), "--num-features", str(meta.num_features),
-            "--num-classes", str(meta.num_classes), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ps_ready)])
+            "--num-classes", str(meta.num_classes), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ps_ready)], ps_ready)
         self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
         self.ps = self._dealer(self.ps_endpoint)
+        self.watchdog.watch(self.children[-1], self.ps_endpoint)
 
         lambda_args: list[str] = []
         if self.config.backend == "lambda":
@@ -114,14 +219,17 @@ class LocalCluster:
             self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
                 "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
                 "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
-                "--threads", str(threads), *lambda_args])
+                "--threads", str(threads), *lambda_args], ready)
         endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
         self.servers = [self._dealer(e) for e in endpoints]
+        for child, endpoint in zip(self.children[1:], endpoints):
+            self.watchdog.watch(child, endpoint)
         replies = self.phase("connect", peers=",".join(endpoints))
         self.intervals = sum(r["intervals"] for r in replies)
 
-    def _spawn(self, name: str, log: Path, args: list[str]) -> None:
-        with open(log, "w") as out:
+    def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
+        ready_file.unlink(missing_ok=True)  # a resumed run's directory holds the previous roles' files
+        with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
             process = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, cwd=os.getcwd())
         self.children.append(_Child(name, process, log))
@@ -156,6 +264,8 @@ class LocalCluster:
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.process.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGCONT)  # a stopped role must run to see SIGTERM
         for child in self.children:
             try:
                 child.process.wait(timeout=5.0)
@@ -163,6 +273,7 @@ class LocalCluster:
                 child.process.kill()
                 child.process.wait(timeout=5.0)
         self.children = []
+        self.watchdog.close()
         for socket in [*self.servers, *([self.ps] if self.ps else [])]:
             socket.close(linger=0)
         self.servers, self.ps = [], None
@@ -179,8 +290,11 @@ class LocalCluster:
                 raise ClusterError(f"{child.name} exited with code {child.process.returncode}; "
                                    f"its log ({child.log}) ends with:\n{child.tail()}")
 
-    def _await(self, socket: zmq.Socket, req: int, what: str) -> tuple[Header, list[np.ndarray]]:
-        deadline = time.monotonic() + self.config.task_timeout_s
+    def _await(self, socket: zmq.Socket, req: int, what: str, step: str) -> tuple[Header, list[np.ndarray]]:
+        """The reply to ``req``, while the watchdog checks the roles' heartbeats and that the
+        ``step`` (a phase kind) finishes within its bound."""
+        start = time.monotonic()
+        bound, why = self.watchdog.bound(step)
         while True:
             if socket.poll(200, zmq.POLLIN):
                 reply, tensors = protocol.recv(socket)
@@ -190,23 +304,36 @@ class LocalCluster:
                     raise ClusterError(f"{what} failed: {reply.message}")
                 return reply, tensors
             self._check_alive()
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{what}: no answer within {self.config.task_timeout_s:.0f} s")
+            self.watchdog.check_heartbeats(what)
+            if time.monotonic() - start > bound:
+                # A role that stopped answering is the likelier culprit than the calls it waits on.
+                self.watchdog.check_heartbeats(what, bound_s=3 * Watchdog.PING_S)
+                raise ClusterError(f"watchdog: {what} made no progress for {time.monotonic() - start:.0f} s "
+                                   f"(bound {bound:.0f} s: {why}); {self.watchdog.in_flight()}")
 
     def phase(self, command: str, **meta: Any) -> list[dict[str, Any]]:
         """Run one phase on every graph server at once; returns their replies' meta, by part."""
+        start = time.monotonic()
         reqs = []
         for socket in self.servers:
             req = next(self._ids)
             protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": command, **meta}))
             reqs.append(req)
-        what = f"{command} {meta}" if command != "connect" else "connect"
-        return [dict(self._await(s, r, what)[0].meta) for s, r in zip(self.servers, reqs)]
+        what = (f"{command} epoch {meta['epoch']} layer {meta['layer']}" + ("" if meta.get("training", True)
+                else " (evaluation)")) if "epoch" in meta else command
+        step = f"{command} {meta.get('layer')} {meta.get('training')}"
+        replies = [dict(self._await(s, r, what, step)[0].meta) for s, r in zip(self.servers, reqs)]
+        self.watchdog.record(step, time.monotonic() - start)
+        return replies
 
-    def ps_request(self, header: Header) -> tuple[Header, list[np.ndarray]]:
+    def ps_request(self, header: Header, tensors: list[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
+        start = time.monotonic()
         header = dataclasses.replace(header, req=next(self._ids))
-        protocol.send(self.ps, header)
-        return self._await(self.ps, header.req, f"parameter server {header.meta.get('command', header.op.value)}")
+        protocol.send(self.ps, header, tensors)
+        step = f"parameter server {header.meta.get('command', header.op.value)}"
+        reply = self._await(self.ps, header.req, step, step)
+        self.watchdog.record(step, time.monotonic() - start)
+        return reply
 
     def emulator_stats(self) -> dict[str, Any]:
         return self.emulator.stats() if self.emulator is not None else {}
@@ -266,14 +393,21 @@ class DistributedTrainer:
         _, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_weights"}))
         return [np.array(t) for t in tensors]
 
-    def checkpoint(self, optimizer_state: Path) -> dict[str, Any]:
-        """The parameter server saves weights and optimizer state to ``optimizer_state`` (its own
-        atomic ``.npz``); returns the weights and epoch for the run's ``checkpoint.pt``."""
-        import torch
+    def state(self) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """The parameter server's weights and optimizer state (see :mod:`dorylus.optim`)."""
+        reply, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_state"}))
+        arrays = {name: np.array(t) for name, t in zip(reply.names, tensors)}
+        weights = [arrays.pop(f"W{layer}") for layer in range(len(self.spec.layers))]
+        return weights, arrays
 
-        self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "save", "path": str(optimizer_state)}))
-        return {"epoch": self.config.epochs, "version": self.version,
-                "weights": [torch.from_numpy(w) for w in self.weights()], "paramserver_state": str(optimizer_state)}
+    def restore(self, weights: list[np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
+        """Load a checkpoint's state into the parameter server; its version counts epochs (one
+        step each), so the restored version is ``epoch``."""
+        arrays = {**{f"W{layer}": np.asarray(w, np.float32) for layer, w in enumerate(weights)}, **optimizer}
+        self.cluster.ps_request(Header(Op.COMMAND, names=tuple(arrays), meta={
+            "command": "set_state", "version": epoch, "epoch": epoch, "optimizer": self.config.optimizer}),
+            list(arrays.values()))
+        self.version = epoch
 
 
 def _add_timings(timings: dict[str, float], replies: list[dict[str, Any]]) -> None:

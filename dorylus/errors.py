@@ -2,7 +2,9 @@
 
 
 class DorylusError(Exception):
-    """Base class for errors caused by the user's input (files, options, data)."""
+    """Base class for errors caused by the user's input (files, options, data): exit status 2."""
+
+    exit_status = 2
 
 
 class DatasetError(DorylusError):

@@ -7,8 +7,9 @@ One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3,
     PUSH_GRADS   layer, epoch, interval,    -> ACK      meta {duplicate}
                  version, part, [dW_layer]
     COMMAND step  {epoch[, expected]}       -> ACK      meta {version, grads}
-    COMMAND save  {path}                    -> ACK      meta {version, epoch, path}
-    COMMAND load  {path}                    -> ACK      meta {version, epoch, path}
+    COMMAND get_state                       -> WEIGHTS  meta {version, epoch, optimizer}, [W<l>..., <kind>_<l>...]
+    COMMAND set_state {version, epoch,      -> ACK      meta {version, epoch}
+                       optimizer}, tensors as get_state returns them
     COMMAND get_weights                     -> WEIGHTS  layer=0, version, [W_0, ..., W_{L-1}]
     STATS                                   -> STATS    meta {pulls, pushes, ..., errors.<code>}
     SHUTDOWN                                -> ACK, then the loop stops
@@ -36,26 +37,31 @@ push of a key wins, later pushes (retries, relaunched attempts, pushes for an ep
 stepped) are ACKed with ``meta={"duplicate": True}`` and dropped. ``step`` sums each layer's
 buffer in sorted ``(part, interval)`` order, accumulating in float64 and rounding once to
 float32, so the result does not depend on arrival order; then it runs one optimizer step over
-all layers (L2 weight decay per layer from ``LayerSpec.weight_decay``).
+all layers with :func:`dorylus.optim.build_optimizer` (``torch.optim``, one group per layer with
+its ``LayerSpec.weight_decay``), the same optimizer the reference trainer steps with.
+
+State
+-----
+``get_state`` returns the current weights and the optimizer state as named tensors (``W0``,
+``exp_avg_0``, ``step_0``, ...); ``set_state`` restores them (a checkpoint's, on resume) and
+drops every pin and pending gradient. The coordinator writes checkpoints; the parameter server
+never touches files.
 
 Errors
 ------
 Every bad request gets an ERROR reply and is counted (STATS ``errors.<code>``); the loop never
 dies on a message. Codes beyond :data:`dorylus.protocol.ERROR_CODES`: ``bad_command`` (unknown
 command or bad command arguments), ``incomplete`` (step without every layer's gradients, or a
-count other than ``expected``), ``checkpoint`` (a checkpoint that cannot be written or read).
+count other than ``expected``), ``bad_state`` (a ``set_state`` whose tensors do not fit the model).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import signal
 import sys
 import threading
-import zipfile
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -63,16 +69,15 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from dorylus.errors import DorylusError
+from dorylus.endpoints import check_endpoint
+from dorylus.errors import ConfigError, DorylusError
 from dorylus.lifecycle import stop_with_parent
 from dorylus.runs import atomic_write_text
 from dorylus.models.spec import ModelSpec
-from dorylus.optim import make_optimizer
 from dorylus.protocol import (
     REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, decode, encode, error_reply, reply_to,
 )
 
-CHECKPOINT_FORMAT = 1
 _POLL_MS = 50  # how often the loop checks for stop(): the bound on shutdown latency
 
 StashKey = tuple[int, int, int, int]  # (part, layer, epoch, interval)
@@ -106,7 +111,7 @@ class ParameterServer:
     Args:
         spec: the model; initial weights are ``spec.init_weights(seed)``.
         seed: weight-init seed (the reference trainer's ``config.seed``).
-        optimizer, lr: passed to :func:`dorylus.optim.make_optimizer` with the spec's per-layer
+        optimizer, lr: passed to :func:`dorylus.optim.build_optimizer` with the spec's per-layer
             weight decays.
         bind: ZeroMQ endpoint; a TCP port of 0 picks a free port (see :attr:`endpoint`).
         context: ZeroMQ context to use; by default the server owns a new one.
@@ -120,8 +125,15 @@ class ParameterServer:
         self.spec = spec
         self.optimizer_name = optimizer
         self.num_layers = len(spec.layers)
-        self._optimizer = make_optimizer(optimizer, lr, [layer.weight_decay for layer in spec.layers])
-        self._versions: dict[int, list[np.ndarray]] = {0: _frozen(spec.init_weights(seed))}
+        import torch
+
+        from dorylus.optim import build_optimizer
+
+        initial = spec.init_weights(seed)
+        # The optimizer steps these tensors in place; every version is a frozen numpy copy.
+        self._params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in initial]
+        self._optimizer = build_optimizer(self._params, optimizer, lr, [layer.weight_decay for layer in spec.layers])
+        self._versions: dict[int, list[np.ndarray]] = {0: _frozen(initial)}
         self._version = 0
         self._epoch = 0                      # last stepped epoch (0: none yet; epochs count from 1)
         self._stepped: set[int] = set()
@@ -140,7 +152,7 @@ class ParameterServer:
             self._socket.bind(_any_port(bind))
         except zmq.ZMQError as exc:
             self._close_socket()
-            raise ParamServerError(f"paramserver: cannot bind {bind}: {exc}") from None
+            raise ParamServerError(f"paramserver: cannot bind {bind}: {zmq.strerror(exc.errno).lower()}") from None
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,7 +161,8 @@ class ParameterServer:
             Op.COMMAND: self._command, Op.STATS: self._stats_reply, Op.SHUTDOWN: self._shutdown,
         }
         self._commands: dict[str, Callable[[Header], Reply]] = {
-            "step": self._step, "save": self._save, "load": self._load, "get_weights": self._get_weights,
+            "step": self._step, "get_state": self._get_state, "set_state": self._set_state,
+            "get_weights": self._get_weights,
         }
 
     # ------------------------------------------------------------------------- lifecycle
@@ -311,6 +324,11 @@ class ParameterServer:
         if command is None:
             raise ProtocolError("bad_command", f"unknown command {name!r:.40}; known: {', '.join(self._commands)}",
                                 req=header.req)
+        if name == "set_state":
+            return self._set_state(header, tensors)
+        if tensors:
+            raise ProtocolError("tensor_count", f"command {name} carries no tensors, got {len(tensors)}",
+                                req=header.req)
         return command(header)
 
     def _stats_reply(self, header: Header, tensors: list[np.ndarray]) -> Reply:
@@ -344,16 +362,16 @@ class ParameterServer:
             if expected is not None and len(buffer) != expected:
                 raise ProtocolError("incomplete", f"step epoch {epoch}: layer {layer} expected {expected} gradient "
                                     f"contributions, received {len(buffer)}", req=header.req)
-        grads = []
-        for buffer in buffers:
+        import torch
+
+        for param, buffer in zip(self._params, buffers):
             total = np.zeros(buffer[min(buffer)].shape, np.float64)
             for slot in sorted(buffer):
                 total += buffer[slot]
-            grads.append(total.astype(np.float32))
-        params = [w.copy() for w in self._versions[self._version]]  # the old version stays intact while pinned
-        self._optimizer.step(params, grads)
+            param.grad = torch.from_numpy(total.astype(np.float32))
+        self._optimizer.step()
         self._version += 1
-        self._versions[self._version] = _frozen(params)
+        self._versions[self._version] = _frozen([p.detach().numpy().copy() for p in self._params])
         self._epoch = max(self._epoch, epoch)
         self._stepped.add(epoch)
         for layer in range(self.num_layers):
@@ -368,91 +386,52 @@ class ParameterServer:
         return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=names,
                          meta={"version": self._version}), list(self._versions[self._version]))
 
-    def _checkpoint_path(self, header: Header) -> Path:
-        path = header.meta.get("path")
-        if not isinstance(path, str) or not path:
-            raise ProtocolError("bad_command", f"{header.meta['command']}: meta['path'] must name a file, got {path!r}",
-                                req=header.req)
-        return Path(path)
+    def _get_state(self, header: Header) -> Reply:
+        from dorylus.optim import optimizer_arrays
 
-    def _save(self, header: Header) -> Reply:
-        """One ``.npz``: ``W<l>`` weights, ``opt.<key>`` the optimizer's (flat) state dict, ``state``
-        JSON (format, version, epoch, stepped epochs, optimizer name, spec). Written to a temp
-        name, then renamed: an existing checkpoint is never left half-written."""
-        path = self._checkpoint_path(header)
-        arrays: dict[str, np.ndarray] = {f"W{layer}": w for layer, w in enumerate(self._versions[self._version])}
-        state = {
-            "format": CHECKPOINT_FORMAT, "version": self._version, "epoch": self._epoch,
-            "stepped": sorted(self._stepped), "optimizer_name": self.optimizer_name,
-            "spec": dataclasses.asdict(self.spec),
-        }
-        arrays.update({f"opt.{key}": np.asarray(value) for key, value in self._optimizer.state_dict().items()})
-        arrays["state"] = np.array(json.dumps(state))
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise ProtocolError("checkpoint", f"save: cannot write {path}: {exc}", req=header.req) from None
-        return reply_to(header, Op.ACK, meta={"version": self._version, "epoch": self._epoch, "path": str(path)}), []
+        arrays = {f"W{layer}": w for layer, w in enumerate(self._versions[self._version])}
+        arrays.update(optimizer_arrays(self._optimizer))
+        meta = {"version": self._version, "epoch": self._epoch, "optimizer": self.optimizer_name}
+        return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=tuple(arrays), meta=meta),
+                list(arrays.values()))
 
-    def _load(self, header: Header) -> Reply:
-        """Restore a :meth:`_save` file; nothing changes unless the whole file checks out."""
-        path = self._checkpoint_path(header)
+    def _set_state(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        """Restore a :meth:`_get_state`; nothing changes unless every tensor fits the model."""
+        import torch
 
-        def fail(message: str, code: str = "checkpoint") -> ProtocolError:
-            return ProtocolError(code, f"load {path}: {message}", req=header.req)
+        from dorylus.optim import load_optimizer_arrays
 
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {name: z[name] for name in z.files}
-            state = json.loads(str(arrays.pop("state")))
-        except FileNotFoundError:
-            raise fail("no such file") from None
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise fail(f"not a parameter server checkpoint ({str(exc)[:120]})") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise fail(f"checkpoint format {state.get('format') if isinstance(state, dict) else None!r}, "
-                       f"expected {CHECKPOINT_FORMAT}")
-        if state.get("optimizer_name") != self.optimizer_name:
-            raise fail(f"written with optimizer {state.get('optimizer_name')!r}, "
-                       f"this server runs {self.optimizer_name!r}")
+        def fail(message: str) -> ProtocolError:
+            return ProtocolError("bad_state", f"set_state: {message}", req=header.req)
+
+        version, epoch = _meta_int(header, "version"), _meta_int(header, "epoch")
+        if header.meta.get("optimizer") != self.optimizer_name:
+            raise fail(f"state of optimizer {header.meta.get('optimizer')!r}, this server runs {self.optimizer_name!r}")
+        if len(header.names) != len(tensors):
+            raise fail(f"{len(tensors)} tensors but {len(header.names)} names")
+        arrays = dict(zip(header.names, tensors))
         weights = []
         for layer, spec in enumerate(self.spec.layers):
-            w = arrays.get(f"W{layer}")
+            w = arrays.pop(f"W{layer}", None)
             if w is None:
-                raise fail(f"has no weights for layer {layer}")
+                raise fail(f"no weights for layer {layer}")
             if w.shape != (spec.in_dim, spec.out_dim) or w.dtype != np.float32:
                 raise fail(f"layer {layer} weights are {w.dtype}{list(w.shape)}, the model needs "
-                           f"float32{[spec.in_dim, spec.out_dim]}", code="bad_shape")
-            if not np.isfinite(w).all():
-                raise fail(f"layer {layer} weights hold NaN or inf")
-            weights.append(np.ascontiguousarray(w))
-        if f"W{self.num_layers}" in arrays:
-            raise fail(f"has more layers than the model's {self.num_layers}", code="bad_shape")
-        optimizer_state = {k[len("opt."):]: v for k, v in arrays.items() if k.startswith("opt.")}
-        for key, value in optimizer_state.items():  # per-parameter state "<kind>.<i>" must fit W_i
-            index = key.rpartition(".")[2]
-            if index.isdigit() and int(index) < len(weights) and value.shape != weights[int(index)].shape:
-                raise fail(f"optimizer state {key} has shape {list(value.shape)}, W_{index} is "
-                           f"{list(weights[int(index)].shape)}", code="bad_shape")
+                           f"float32{[spec.in_dim, spec.out_dim]}")
+            weights.append(np.array(w))
         try:
-            version, epoch, stepped = int(state["version"]), int(state["epoch"]), {int(e) for e in state["stepped"]}
-            if version < 0:
-                raise ValueError(f"version {version} is negative")
-            self._optimizer.load_state_dict(optimizer_state)  # validates everything before changing anything
-        except (KeyError, TypeError, ValueError) as exc:
-            raise fail(f"optimizer state or counters unreadable ({str(exc)[:120]})") from None
-        self._version, self._epoch, self._stepped = version, epoch, stepped
+            load_optimizer_arrays(self._optimizer, arrays)  # validates everything before changing anything
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        with torch.no_grad():
+            for param, w in zip(self._params, weights):
+                param.copy_(torch.from_numpy(w))
+        self._version, self._epoch = version, epoch
+        self._stepped = set(range(1, epoch + 1))
         self._versions = {version: _frozen(weights)}
         self._pins.clear()   # pins of the old timeline name versions that no longer exist
         self._grads.clear()
-        meta = {"version": version, "epoch": epoch, "path": str(path)}
-        return reply_to(header, Op.ACK, version=version, meta=meta), []
+        return reply_to(header, Op.ACK, version=version, meta={"version": version, "epoch": epoch}), []
 
 
 def _any_port(endpoint: str) -> str:
@@ -481,6 +460,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Serve until SHUTDOWN, SIGTERM or SIGINT; returns the exit status."""
     from dorylus.config import TrainConfig, load_config_file
 
+    check_endpoint("--bind", args.bind)
+    if args.ready_file and not Path(args.ready_file).parent.is_dir():
+        raise ConfigError(f"--ready-file {args.ready_file}: directory {Path(args.ready_file).parent} does not exist")
+
     config = TrainConfig.from_dict(load_config_file(args.config), where=args.config) if args.config else TrainConfig()
     if args.num_features < 1 or args.num_classes < 1:
         raise ParamServerError(f"paramserver: --num-features ({args.num_features}) and --num-classes "
@@ -503,14 +486,10 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dorylus paramserver", description="Run a Dorylus parameter server.")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_from_args(args)
-    except (DorylusError, OSError) as exc:
-        print(f"dorylus paramserver: error: {exc}", file=sys.stderr)
-        return 2
+    """``python -m dorylus.paramserver ...``: the same parser and one-line errors as ``dorylus paramserver``."""
+    from dorylus.cli import main as cli_main
+
+    return cli_main(["paramserver", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

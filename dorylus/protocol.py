@@ -37,7 +37,7 @@ PUSH_GRADS     function -> param srv   layer, epoch, interval, version          
 GHOSTS         graph srv -> graph srv  task, epoch, layer, part, rows             1 float rows tensor
 SHUTDOWN       control -> any          (none; answered by ACK)                    none
 STATS          control, both ways      (none; counters travel in ``meta``)        none
-COMMAND        coordinator -> server   (none; ``meta["command"]`` names it)       none
+COMMAND        coordinator -> server   (none; ``meta["command"]`` names it)       0..MAX_TENSORS float (state)
 ERROR          server -> any           code, message                              none
 =============  ======================  =========================================  ==============================
 
@@ -142,7 +142,7 @@ ERROR_CODES = frozenset({
     "internal",          # the server failed while handling a valid request
     "bad_command",       # COMMAND unknown or with bad arguments
     "incomplete",        # a step without every expected gradient
-    "checkpoint",        # a checkpoint that cannot be saved or loaded
+    "bad_state",         # a parameter-server state that does not fit the model
 })
 
 
@@ -245,7 +245,7 @@ _OPS: dict[Op, _OpSpec] = {
                        floats_only=True, tasks=SCATTER_TASKS),
     Op.SHUTDOWN: _OpSpec(),
     Op.STATS: _OpSpec(),
-    Op.COMMAND: _OpSpec(),
+    Op.COMMAND: _OpSpec(max_tensors=MAX_TENSORS, floats_only=True),  # tensors: a state to restore
     Op.ERROR: _OpSpec(("code", "message")),
 }
 

@@ -1,6 +1,6 @@
 """The run directory: ``config.json``, ``metrics.jsonl`` (one object per epoch), ``summary.json``
 and ``checkpoint.pt``. Whole files are written to a temporary name and renamed into place, so a
-crash never leaves a half-written config, summary or checkpoint."""
+crash never leaves a half-written config, metrics file, summary or checkpoint."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from dorylus.errors import ConfigError
 
@@ -31,17 +34,55 @@ def default_run_dir(dataset: str, backend: str) -> Path:
     return Path("runs") / f"{stamp}-{Path(dataset).stem}-{backend}"
 
 
-class RunDir:
-    """A fresh run directory. Refuses one that already holds files, so no earlier run is lost."""
+CHECKPOINT_FORMAT = 1
 
-    def __init__(self, path: str | Path, config: dict[str, Any]):
-        self.path = Path(path)
-        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
-            raise ConfigError(f"run directory {self.path} already exists and is not empty; choose another --run-dir")
-        self.path.mkdir(parents=True, exist_ok=True)
+
+def check_creatable_dir(path: str | Path, what: str) -> None:
+    """Raise ConfigError unless ``path`` is an empty directory or can be created: names the
+    ancestor that is a regular file, or the directory that already holds files."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {path} exists and is not a directory")
+    if path.is_dir():
+        if any(path.iterdir()):
+            raise ConfigError(f"{what} {path} already exists and is not empty")
+        return
+    for ancestor in path.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise ConfigError(f"{what} {path} cannot be created: {ancestor} is a file, not a directory")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {path} cannot be created: {ancestor} is not writable")
+            return
+
+
+class RunDir:
+    """A run directory: ``config.json``, ``metrics.jsonl``, ``checkpoint.pt``, ``summary.json``.
+
+    :meth:`create` makes a fresh one (refusing one that holds files, so no earlier run is lost);
+    :meth:`reopen` continues one from its checkpoint's epoch.
+    """
+
+    def __init__(self, path: Path, config: dict[str, Any]):
+        self.path = path
         self.config = config
         atomic_write_text(self.path / "config.json", json.dumps(config, indent=2) + "\n")
         self._metrics: IO[str] = open(self.path / "metrics.jsonl", "a")
+
+    @classmethod
+    def create(cls, path: str | Path, config: dict[str, Any]) -> "RunDir":
+        check_creatable_dir(path, "run directory")
+        Path(path).mkdir(parents=True, exist_ok=True)
+        return cls(Path(path), config)
+
+    @classmethod
+    def reopen(cls, path: str | Path, config: dict[str, Any], last_epoch: int) -> "RunDir":
+        """Continue after ``last_epoch``: metrics of later epochs (logged after the checkpoint)
+        are dropped, so that resuming never repeats an epoch in ``metrics.jsonl``."""
+        path = Path(path)
+        kept = [m for m in read_metrics(path) if m["epoch"] <= last_epoch] if (path / "metrics.jsonl").exists() else []
+        atomic_write_text(path / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
+        return cls(path, config)
 
     def log_epoch(self, metrics: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(metrics) + "\n")
@@ -50,17 +91,66 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.path / "summary.json", json.dumps({"config": self.config, **summary}, indent=2) + "\n")
 
-    def save_checkpoint(self, state: dict[str, Any]) -> Path:
+    def save_checkpoint(self, checkpoint: "Checkpoint") -> Path:
         import torch
 
         path = self.path / "checkpoint.pt"
-        tmp = path.with_name(".checkpoint.pt.tmp")
-        torch.save({"config": self.config, **state}, tmp)
-        os.replace(tmp, path)
+        tmp = path.with_name(f".checkpoint.pt.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save({"format": CHECKPOINT_FORMAT, "config": self.config, **checkpoint.to_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def close(self) -> None:
         self._metrics.close()
+
+
+@dataclass
+class Checkpoint:
+    """Everything a run needs to continue after ``epoch``.
+
+    Dropout masks are keyed by (seed, epoch, layer, vertex), so the seed in the saved config and
+    the epoch are the whole random state. ``identity`` holds the sha256 fingerprints of the
+    dataset and the partition store the run trained on; resuming on anything else is refused.
+    """
+
+    epoch: int
+    weights: list[np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    identity: dict[str, str | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        import torch
+
+        return {"epoch": self.epoch, "weights": [torch.from_numpy(np.array(w)) for w in self.weights],
+                "optimizer": {k: torch.from_numpy(np.array(v)) for k, v in self.optimizer.items()},
+                "identity": dict(self.identity)}
+
+
+def load_checkpoint(run_dir: str | Path) -> tuple[dict[str, Any], Checkpoint]:
+    """The saved config and the :class:`Checkpoint` of ``run_dir``; ConfigError naming the file
+    when it is missing or unreadable."""
+    import torch
+
+    path = Path(run_dir) / "checkpoint.pt"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: the run never reached a checkpoint, nothing to resume")
+    try:
+        saved = torch.load(path, weights_only=True)
+        if saved.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"format {saved.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+        checkpoint = Checkpoint(epoch=int(saved["epoch"]), weights=[w.numpy() for w in saved["weights"]],
+                                optimizer={k: v.numpy() for k, v in saved["optimizer"].items()},
+                                identity=dict(saved["identity"]))
+        return dict(saved["config"]), checkpoint
+    except Exception as exc:  # torch.load raises many kinds on a corrupt file
+        raise ConfigError(f"{path} is not a readable Dorylus checkpoint ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})") from None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -14,10 +17,13 @@ from dorylus.config import TrainConfig
 from dorylus.cost import server_cost_usd
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
-from dorylus.models.reference import ReferenceGCN, SparseAdjacency, accuracy, build_optimizer, masked_loss
+from dorylus.models.reference import ReferenceGCN, SparseAdjacency, accuracy, masked_loss
+from dorylus.optim import build_optimizer, load_optimizer_arrays, optimizer_arrays
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize, row_normalize
-from dorylus.runs import EpochProgress, RunDir, default_run_dir
+from dorylus.runs import (
+    Checkpoint, EpochProgress, RunDir, check_creatable_dir, default_run_dir, load_checkpoint, read_metrics,
+)
 
 
 @dataclass
@@ -52,7 +58,8 @@ class ReferenceTrainer:
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
         self.model = ReferenceGCN(self.spec, config.seed)
-        self.optimizer = build_optimizer(self.model, config.optimizer, config.lr)
+        self.optimizer = build_optimizer(list(self.model.weights), config.optimizer, config.lr,
+                                         [layer.weight_decay for layer in self.spec.layers])
 
     def step(self, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()
@@ -79,12 +86,19 @@ class ReferenceTrainer:
         logits = self.model(self.adj, self.features, epoch, training=False)
         return {f"{name}_acc": accuracy(logits, self.labels, mask) for name, mask in self.masks.items()}
 
-    def state(self, epoch: int) -> dict[str, Any]:
-        return {
-            "epoch": epoch,
-            "weights": [w.detach().clone() for w in self.model.weights],
-            "optimizer": self.optimizer.state_dict(),
-        }
+    def state(self) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """Weights and optimizer state (see :mod:`dorylus.optim`), copies."""
+        return [w.detach().numpy().copy() for w in self.model.weights], optimizer_arrays(self.optimizer)
+
+    def restore(self, weights: list[np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
+        shapes = [tuple(w.shape) for w in self.model.weights]
+        if [tuple(np.shape(w)) for w in weights] != shapes:
+            raise ConfigError(f"checkpoint weights have shapes {[tuple(np.shape(w)) for w in weights]}, "
+                              f"the model needs {shapes}")
+        load_optimizer_arrays(self.optimizer, optimizer)
+        with torch.no_grad():
+            for param, w in zip(self.model.weights, weights):
+                param.copy_(torch.from_numpy(np.array(w)))
 
 
 def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -105,58 +119,160 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO[str] | None = None) -> dict[str, Any]:
-    """Train with ``config`` on ``dataset`` (or on the partition store ``config.partitions``),
-    writing the run directory; returns the summary."""
+DEFAULT_PARTS = 2
+# What `--resume` may change: how long and how carefully to run, never what is computed.
+RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
+                              "watchdog_factor", "lambda_start_latency_ms"})
+
+
+def check_new_run(config: TrainConfig) -> TrainConfig:
+    """``config`` with its run directory chosen, once the checks that need no data pass: the
+    function handler imports and the run directory can be created."""
     if config.run_dir is None:
         config = dataclasses.replace(config, run_dir=str(default_run_dir(config.dataset, config.backend)))
+    config.check_function_handler()
+    check_creatable_dir(config.run_dir, "run directory")
+    return config
+
+
+def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO[str] | None = None) -> dict[str, Any]:
+    """Train with ``config`` on ``dataset`` (or on the partition store ``config.partitions``),
+    writing a new run directory; returns the summary. Every option is checked before the run
+    directory is created."""
+    config = check_new_run(config)
     if config.backend == "reference":
         if dataset is None:
             raise ConfigError("the reference backend trains on --dataset, not on a partition store")
-        trainer = ReferenceTrainer(config, prepare_graph(dataset, config))
-        run = RunDir(config.run_dir, config.to_dict())
-        try:
-            return _train(config, trainer, run, progress, lambda: trainer.state(config.epochs),
-                          extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,
-                                 "num_edges": dataset.num_edges})
-        finally:
-            run.close()
+        return _run(config, RunDir.create, dataset, None, {"dataset": dataset.fingerprint(), "partitions": None},
+                    None, progress)
 
-    from dorylus.coordinator import DistributedTrainer, LocalCluster
-    from dorylus.partition import assign_parts, open_store, write_store
+    from dorylus.partition import assign_parts, open_store
 
     # A bad store or partitioning fails before the run directory exists: nothing is left behind.
     store = open_store(config.partitions, verify=True) if config.partitions else None
-    if store is None:
-        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts,
-                             config.partition_method, seed=config.seed)
-    run = RunDir(config.run_dir, config.to_dict())
+    if store is not None:
+        if config.parts not in (None, store.num_parts):
+            raise ConfigError(f"--parts {config.parts} disagrees with the partition store {config.partitions}, "
+                              f"which has {store.num_parts} parts (omit --parts to use the store's)")
+        config = dataclasses.replace(config, parts=store.num_parts)
+        identity = {"dataset": dataset.fingerprint() if dataset is not None else None,
+                    "partitions": store.fingerprint()}
+        return _run(config, RunDir.create, dataset, store, identity, None, progress)
+    config = dataclasses.replace(config, parts=config.parts or DEFAULT_PARTS)
+    assignment = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts, config.partition_method,
+                              seed=config.seed)
+    return _run(config, RunDir.create, dataset, assignment, {"dataset": dataset.fingerprint(), "partitions": None},
+                None, progress)
+
+
+def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None,
+                    progress: IO[str] | None = None) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its checkpoint. ``overrides`` may change only
+    :data:`RESUME_OVERRIDES`; a changed dataset, partition store or model is refused."""
+    from dorylus.data.loaders import load_dataset
+    from dorylus.partition import open_store
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
+    saved_dict, checkpoint = load_checkpoint(run_dir)
+    saved = TrainConfig.from_dict(saved_dict, where=str(run_dir / "checkpoint.pt"))
+    changed = {k: v for k, v in (overrides or {}).items() if v is not None and v != getattr(saved, k)}
+    refused = sorted(set(changed) - RESUME_OVERRIDES - {"run_dir"})
+    if refused:
+        k = refused[0]
+        raise ConfigError(f"--resume cannot change {k} (the run has {getattr(saved, k)!r}, got {changed[k]!r}); "
+                          f"only {', '.join(sorted(RESUME_OVERRIDES))} may change, start a new run otherwise")
+    config = dataclasses.replace(saved, **{k: v for k, v in changed.items() if k != "run_dir"}, run_dir=str(run_dir))
+    if checkpoint.epoch >= config.epochs:
+        raise ConfigError(f"{run_dir} already finished epoch {checkpoint.epoch} of {config.epochs}; "
+                          f"pass --epochs N with N > {checkpoint.epoch} to train further")
+    config.check_function_handler()
+    own_store = run_dir / "partitions"
+    store = None
+    if config.backend != "reference":
+        store = open_store(config.partitions or own_store, verify=True)
+    dataset = load_dataset(config.dataset) if checkpoint.identity.get("dataset") else None
+    identity = {"dataset": dataset.fingerprint() if dataset is not None else None,
+                "partitions": store.fingerprint() if checkpoint.identity.get("partitions") else None}
+    for what, was in checkpoint.identity.items():
+        if was != identity.get(what):
+            source = config.dataset if what == "dataset" else (config.partitions or own_store)
+            raise ConfigError(f"the {'partition store' if what == 'partitions' else what} {source} changed since "
+                              f"the run started (sha256 {str(identity.get(what))[:12]}..., the checkpoint has "
+                              f"{str(was)[:12]}...); refusing to resume on different data")
+    return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), dataset, store, identity,
+                checkpoint, progress)
+
+
+def _run(config: TrainConfig, open_run, dataset: GraphDataset | None, placement, identity: dict[str, str | None],
+         checkpoint: Checkpoint | None, progress: IO[str] | None) -> dict[str, Any]:
+    """Open the run directory, build the trainer of ``config.backend`` and train. ``placement``
+    is the partition store, or a part assignment to write into the run directory."""
+    source = (f"{dataset.name} ({dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges)" if dataset is not None
+              else config.partitions)
+    print(f"{'resuming' if checkpoint else 'training'} {config.model} ({config.layers} layers, hidden "
+          f"{config.hidden}) on {source}, backend {config.backend}, run directory {config.run_dir}"
+          + (f", after epoch {checkpoint.epoch} of {config.epochs}" if checkpoint else ""),
+          file=progress or sys.stderr, flush=True)
+    run = open_run(config.run_dir, config.to_dict())
     try:
-        if store is None:
+        if config.backend == "reference":
+            trainer = ReferenceTrainer(config, prepare_graph(dataset, config))
+            return _train(config, trainer, run, identity, checkpoint, progress,
+                          extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,
+                                 "num_edges": dataset.num_edges})
+
+        from dorylus.coordinator import DistributedTrainer, LocalCluster
+        from dorylus.partition import PartitionStore, open_store, write_store
+
+        store = placement
+        if not isinstance(store, PartitionStore):
             store_path = run.path / "partitions"
-            write_store(dataset, parts, store_path, method=config.partition_method, seed=config.seed)
+            write_store(dataset, placement, store_path, method=config.partition_method, seed=config.seed)
             store = open_store(store_path, verify=False)
+            identity = {**identity, "partitions": store.fingerprint()}
         with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
             trainer = DistributedTrainer(config, cluster)
-            return _train(config, trainer, run, progress, lambda: trainer.checkpoint(run.path / "paramserver.npz"),
+            return _train(config, trainer, run, identity, checkpoint, progress,
                           extra={"dataset": store.meta.dataset, "num_nodes": store.meta.num_nodes,
                                  "num_edges": store.meta.num_edges, "parts": store.num_parts})
     finally:
         run.close()
 
 
-def _train(config: TrainConfig, trainer, run: RunDir, progress: IO[str] | None, checkpoint,
-           extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The epoch loop shared by every backend: log, show progress, checkpoint, summarize."""
+def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | None], resume: Checkpoint | None,
+           progress: IO[str] | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """The epoch loop shared by every backend: log, show progress, checkpoint, summarize.
+
+    The state after each epoch is kept in memory, written every ``checkpoint_every`` epochs and
+    at the end, and written on any way out (Ctrl-C, SIGTERM, a failed role), followed by the
+    command that resumes the run."""
+    first = 1
+    if resume is not None:
+        trainer.restore(resume.weights, resume.optimizer, resume.epoch)
+        first = resume.epoch + 1
+    latest, saved = resume, resume.epoch if resume is not None else 0
     bar = EpochProgress(config.epochs, progress)
-    history = []
-    for epoch in range(1, config.epochs + 1):
-        metrics = trainer.step(epoch)
-        history.append(metrics)
-        run.log_epoch(metrics)
-        bar.update(metrics)
-    run.save_checkpoint(checkpoint())
-    summary = {"backend": config.backend, "run_dir": str(run.path), **(extra or {}), **summarize(history)}
+    try:
+        for epoch in range(first, config.epochs + 1):
+            metrics = trainer.step(epoch)
+            run.log_epoch(metrics)
+            bar.update(metrics)
+            latest = Checkpoint(epoch, *trainer.state(), identity=identity)
+            if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
+                run.save_checkpoint(latest)
+                saved = epoch
+    except BaseException as exc:
+        if latest is not None and latest.epoch > saved:
+            run.save_checkpoint(latest)
+        if latest is not None:
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by a failure"
+            print(f"run {why} after epoch {latest.epoch}; checkpoint {run.path / 'checkpoint.pt'}; resume with:\n"
+                  f"  dorylus train --resume {shlex.quote(str(run.path))}", file=progress or sys.stderr, flush=True)
+        raise
+    history = read_metrics(run.path)
+    summary = {"backend": config.backend, "run_dir": str(run.path), **extra, **summarize(history)}
     if "cost_usd" in history[0]:
         summary["total_cost_usd"] = sum(m["cost_usd"] for m in history)
         summary["invocations"] = sum(m["invocations"] for m in history)

@@ -35,13 +35,14 @@ import zmq.asyncio
 
 from dorylus import protocol
 from dorylus.config import TrainConfig, load_config_file
+from dorylus.endpoints import check_endpoint
+from dorylus.errors import ConfigError
 from dorylus.lifecycle import stop_with_parent
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
 from dorylus.runs import atomic_write_text
-from graphserver.invoker import LambdaInvoker, TaskFailed
-from graphserver.state import PartitionState
+from graphserver.invoker import LambdaInvoker, TaskFailed, describe
 from lambdas.handler import PULL_NAMES, compute_task, task_header
 
 
@@ -89,6 +90,8 @@ class GraphServer:
         self.num_parts = store.num_parts
         self.config = config
         self.spec = ModelSpec.from_config(config, self.meta.num_features, self.meta.num_classes)
+        from graphserver.state import PartitionState  # torch: kept out of the module so `--help` is fast
+
         self.state = PartitionState(store.load_part(part_id), self.spec, seed=config.seed,
                                     row_normalize_features=config.row_normalize_features,
                                     num_intervals=config.functions)
@@ -109,6 +112,7 @@ class GraphServer:
         self.pushed: dict[tuple, dict[str, Any]] = {}
         self.inbox: dict[tuple[str, str, int, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.inbox_changed = asyncio.Event()
+        self.in_flight: dict[str, float] = {}  # function calls running: description -> start (monotonic)
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
         self.stopping = asyncio.Event()
@@ -118,7 +122,12 @@ class GraphServer:
     async def serve(self, bind: str, ready_file: str | None = None) -> None:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(bind)
+        try:
+            self.router.bind(bind)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigError(f"graph server {self.part_id}: cannot bind {bind}: "
+                              f"{zmq.strerror(exc.errno).lower()}") from None
         self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
         self.ps = AsyncPeer(self.ctx, self.param_server, "parameter server")
         if ready_file:
@@ -167,7 +176,11 @@ class GraphServer:
         elif header.op is Op.HELLO:
             await self._reply(identity, protocol.reply_to(header, Op.READY, meta={"part": self.part_id}))
         elif header.op is Op.STATS:
-            meta = {**self.counters, **{f"rejected.{k}": v for k, v in self.rejected.as_dict().items()}}
+            meta = {**self.counters, **{f"rejected.{k}": v for k, v in self.rejected.as_dict().items()},
+                    "in_flight": len(self.in_flight)}
+            if self.in_flight:  # for the coordinator's watchdog: what has been running longest
+                call, since = min(self.in_flight.items(), key=lambda item: item[1])
+                meta["oldest_call"] = f"{call}, running for {time.monotonic() - since:.0f} s"
             await self._reply(identity, protocol.reply_to(header, Op.STATS, meta=meta))
         elif header.op is Op.SHUTDOWN:
             await self._reply(identity, protocol.reply_to(header, Op.ACK))
@@ -373,7 +386,12 @@ class GraphServer:
         async def pipeline(event: dict[str, Any]) -> None:
             if before is not None:
                 await before(event["interval"])
-            await run(event)
+            call = describe(event)
+            self.in_flight[call] = time.monotonic()
+            try:
+                await run(event)
+            finally:
+                del self.in_flight[call]
 
         try:
             await asyncio.gather(*(pipeline(e) for e in events))
@@ -445,6 +463,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    check_endpoint("--bind", args.bind)
+    check_endpoint("--param-server", args.param_server)
+    if args.ready_file and not Path(args.ready_file).parent.is_dir():
+        raise ConfigError(f"--ready-file {args.ready_file}: directory {Path(args.ready_file).parent} does not exist")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads {args.threads} must be >= 1")
     config = TrainConfig.from_dict(load_config_file(args.config), where=args.config)
     if args.threads:
         import torch
@@ -470,6 +494,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="dorylus graphserver", description="Run one graph server.")
-    add_arguments(p)
-    sys.exit(run_from_args(p.parse_args()))
+    from dorylus.cli import main
+
+    # The same parser and the same one-line errors as `dorylus graphserver`.
+    sys.exit(main(["graphserver", *sys.argv[1:]]))

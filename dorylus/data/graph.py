@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,16 @@ class GraphDataset:
     def num_features(self) -> int:
         return int(self.features.shape[1])
 
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the arrays, class count and direction: the dataset's identity, checked
+        when a run resumes. The name is left out: a renamed file with the same graph is the same."""
+        digest = hashlib.sha256(f"{self.num_classes}:{self.directed}".encode())
+        for name in ("src", "dst", "features", "labels", *MASK_NAMES):
+            array = np.ascontiguousarray(getattr(self, name))
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(memoryview(array).cast("B"))
+        return digest.hexdigest()
+
     def validate(self, where: str | None = None) -> "GraphDataset":
         """Check shapes, dtypes, ranges and finiteness; raise one :class:`DatasetError` naming
         ``where`` (a file or object description) and the first problem found. Returns ``self``.
@@ -73,6 +84,8 @@ class GraphDataset:
         n = self.num_nodes
         if n == 0:
             fail("graph has no vertices")
+        if self.num_features == 0:
+            fail(f"features have 0 columns (shape {self.features.shape}); a model needs at least one input feature")
 
         for field in ("src", "dst"):
             ids = getattr(self, field)
@@ -107,6 +120,10 @@ class GraphDataset:
         if self.labels.min() < -1 or self.labels.max() >= self.num_classes:
             bad = int(self.labels[(self.labels < -1) | (self.labels >= self.num_classes)][0])
             fail(f"label {bad} out of range [0, {self.num_classes}) (-1 marks unlabeled)")
+        empty = np.flatnonzero(np.bincount(self.labels[self.labels >= 0], minlength=self.num_classes) == 0)
+        if empty.size:
+            fail(f"{empty.size} of {self.num_classes} classes have no vertex: {_ranges(empty)} "
+                 "(labels must use every class 0..C-1; is a label wrong, or num_classes?)")
 
         for field in MASK_NAMES:
             mask = getattr(self, field)
@@ -131,3 +148,15 @@ class GraphDataset:
             row, col = np.argwhere(~finite)[0]
             fail(f"features contain NaN or inf (first at vertex {row}, column {col})")
         return self
+
+
+def _ranges(values: np.ndarray, limit: int = 6) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1..3, 7"`` (at most ``limit`` ranges, then an ellipsis)."""
+    runs: list[list[int]] = []
+    for v in values.tolist():
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs[:limit])
+    return text + (", ..." if len(runs) > limit else "")

@@ -61,6 +61,8 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import parse_qs, unquote
 
 from dorylus.emulator.pool import Outcome, WorkerPool
+from dorylus.endpoints import check_port
+from dorylus.config import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.errors import ConfigError
 
 logger = logging.getLogger("dorylus.emulator")
@@ -71,8 +73,6 @@ LOG_TAIL_BYTES = 4096
 DEFAULT_FUNCTIONS = {"dorylus-gcn": "lambdas.handler:handler"}
 DEFAULT_PORT = 9001
 ACCOUNT_ID = "123456789012"
-MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
-MAX_TIMEOUT_S = 900.0
 
 # Bodies up to this size are read even when refused, so the client gets the error response
 # rather than a connection reset; a larger one is refused and its connection closed.
@@ -216,8 +216,8 @@ class EmulatorServer:
         try:
             self._httpd = _HTTPServer((host, port), self)
         except OSError as exc:
-            raise ConfigError(f"lambda emulator: cannot listen on {host}:{port}: "
-                              f"{exc.strerror or exc}") from exc
+            raise ConfigError(f"lambda emulator: cannot listen on {host}:{port} (cannot bind: "
+                              f"{str(exc.strerror or exc).lower()})") from exc
         try:
             self._pool = WorkerPool(concurrency, self.code_dirs)
         except BaseException:
@@ -630,6 +630,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly; returns 0."""
+    check_port("--port", args.port)
     functions = parse_function_args(args.function) if args.function else None
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())

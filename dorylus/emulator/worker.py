@@ -127,12 +127,9 @@ def worker_main(conn, code_dirs: tuple[str, ...] = ()) -> None:
     # Ctrl-C reaches the whole process group; the server decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     handlers: dict[str, Callable] = {}
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            call = conn.recv()
-        except (EOFError, OSError):
-            return
-        if call is None:
-            return
-        conn.send(run_call(call, handlers))
+    try:
+        conn.send(("ready", os.getpid()))
+        while (call := conn.recv()) is not None:
+            conn.send(run_call(call, handlers))
+    except (EOFError, OSError):  # the server is gone (killed, say): no one is left to answer
+        pass

@@ -83,12 +83,3 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> 
     if count == 0:
         return float("nan")
     return int((logits[mask].argmax(dim=1) == labels[mask]).sum()) / count
-
-
-def build_optimizer(model: ReferenceGCN, name: str, lr: float) -> torch.optim.Optimizer:
-    groups = [{"params": [w], "weight_decay": layer.weight_decay} for layer, w in zip(model.spec.layers, model.weights)]
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr)
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r}")

@@ -47,6 +47,7 @@ from dorylus.data.graph import MASK_NAMES, GraphDataset
 from dorylus.errors import ConfigError, StoreError
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize
 from dorylus.normalize import sorted_unique
+from dorylus.runs import check_creatable_dir
 
 FORMAT_VERSION = 1
 NORMALIZATION = "gcn-sym-selfloop"
@@ -203,6 +204,10 @@ class PartitionStore:
     def num_parts(self) -> int:
         return self.meta.num_parts
 
+    def fingerprint(self) -> str:
+        """sha256 (hex) of ``meta.json``, which holds every file's sha256: the store's identity."""
+        return hashlib.sha256(self.meta.to_json().encode()).hexdigest()
+
     def verify(self, parts: Iterable[int] | None = None) -> None:
         """Check the sha256 of every file of the given parts (all files if ``None``), reading in
         chunks. Raises :class:`StoreError` naming the first missing or corrupt file."""
@@ -334,9 +339,14 @@ def _check_assignment(parts: np.ndarray, num_nodes: int) -> tuple[np.ndarray, in
     return parts, num_parts
 
 
-def _check_target(out: Path, overwrite: bool) -> None:
-    """Refuse to replace anything but an empty directory or (with ``overwrite``) a store."""
+def check_store_target(out: Path, overwrite: bool) -> None:
+    """Refuse to replace anything but an empty directory or (with ``overwrite``) a store, and a
+    path that cannot be created (under a regular file, in a read-only directory)."""
     if not (out.exists() or out.is_symlink()):
+        try:
+            check_creatable_dir(out, "partition store")
+        except ConfigError as exc:
+            raise StoreError(str(exc)) from None
         return
     if not out.is_dir():
         raise StoreError(f"cannot write partition store to {out}: it exists and is not a directory")
@@ -350,7 +360,7 @@ def _check_target(out: Path, overwrite: bool) -> None:
 
 def _install(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the complete ``tmp`` to ``out``; an old store is moved aside first, then deleted."""
-    _check_target(out, overwrite)
+    check_store_target(out, overwrite)
     if not out.exists():
         os.rename(tmp, out)
         return
@@ -395,7 +405,7 @@ def write_store(
     dataset.validate()
     n = dataset.num_nodes
     parts, num_parts = _check_assignment(parts, n)
-    _check_target(out, overwrite)
+    check_store_target(out, overwrite)
     say = progress or (lambda message: None)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -68,7 +68,7 @@ def write_raw_npz(path: Path, **overrides) -> Path:
 
 
 def test_save_load_npz_round_trip_is_exact(tmp_path):
-    original = small_dataset(name="my graph", directed=True, num_classes=5)
+    original = small_dataset(name="my graph", directed=True, num_classes=3)
     target = tmp_path / "g.npz"
     save_npz(original, target)
     assert_same(load_npz(target), original)
@@ -180,12 +180,16 @@ def test_load_npz_non_scalar_num_classes(tmp_path):
         ),
         (dict(features=np.array([[np.inf, 1, 2]] * 6, dtype=np.float32)), "NaN or inf"),
         (dict(num_classes=np.int64(2)), "label 2 out of range"),
+        (dict(num_classes=np.int64(6)), r"3 of 6 classes have no vertex: 3\.\.5"),
+        (dict(labels=np.array([0, 1, 2, 0, 99, -1])), r"96 of 100 classes have no vertex: 3\.\.98"),
+        (dict(features=np.zeros((6, 0), np.float32)), "features have 0 columns"),
         (dict(train_mask=np.zeros(6, dtype=bool)), "train_mask is empty"),
         (dict(test_mask=np.array([0, 0, 0, 0, 0, 1], dtype=bool)), "test_mask includes unlabeled"),
     ],
     ids=[
         "id-too-large", "id-negative", "src-dst-length", "features-labels-length",
-        "nan-feature", "inf-feature", "label-out-of-range", "empty-train", "unlabeled-in-mask",
+        "nan-feature", "inf-feature", "label-out-of-range", "empty-class-given-c", "label-99-inferred-c",
+        "zero-feature-columns", "empty-train", "unlabeled-in-mask",
     ],
 )
 def test_load_npz_rejects_bad_content_naming_file(tmp_path, overrides, problem):
@@ -248,11 +252,11 @@ def test_edgelist_explicit_paths_and_options(tmp_path):
         features=tmp_path / "elsewhere.features.npy",
         labels=tmp_path / "elsewhere.labels.npy",
         split=tmp_path / "elsewhere.split.npz",
-        num_classes=4,
+        num_classes=3,
         directed=True,
         name="named",
     )
-    assert_same(loaded, small_dataset(name="named", num_classes=4, directed=True))
+    assert_same(loaded, small_dataset(name="named", num_classes=3, directed=True))
 
 
 def test_edgelist_without_split_file_makes_seeded_random_split(tmp_path):
@@ -462,7 +466,9 @@ def test_from_pyg_round_trip():
         **{m: torch.from_numpy(arrays[m]) for m in MASK_NAMES},
     )
     assert_same(from_pyg(data, name="tiny"), small_dataset())
-    assert from_pyg(data, name="tiny", num_classes=5, directed=True).num_classes == 5
+    assert from_pyg(data, name="tiny", num_classes=3, directed=True).num_classes == 3
+    with pytest.raises(DatasetError, match=r"2 of 5 classes have no vertex: 3\.\.4"):
+        from_pyg(data, name="tiny", num_classes=5)
 
 
 def test_from_pyg_missing_attribute_and_wrong_type():

@@ -22,41 +22,9 @@ from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.protocol import Header, Op
 from dorylus.training import run_training
 from tests.graphs import random_graph
+from tests.processes import cmdline, alive, children_of, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def children_of(pid: int) -> set[int]:
-    """Every live descendant of ``pid``, from /proc, except multiprocessing's resource tracker
-    (one per interpreter, for its whole life)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p for p in found if alive(p) and b"resource_tracker" not in _cmdline(p)}
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_function_error_names_task_and_stops_cleanly(tmp_path):
@@ -72,7 +40,7 @@ def test_function_error_names_task_and_stops_cleanly(tmp_path):
     while children_of(os.getpid()) - before and time.monotonic() < deadline:
         time.sleep(0.1)
     left = children_of(os.getpid()) - before
-    assert not left, f"the failed run left processes behind: {[_cmdline(p)[:120] for p in left]}"
+    assert not left, f"the failed run left processes behind: {[cmdline(p)[:120] for p in left]}"
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # epoch 1 was kept
 
 
@@ -158,13 +126,6 @@ def training_process(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
-
-
-def wait_gone(pids: set[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [pid for pid in pids if alive(pid)]
 
 
 def test_ctrl_c_stops_every_process(training_process):

@@ -1,0 +1,157 @@
+"""Checkpoints, ``--resume`` and the watchdog, on real local clusters.
+
+A sync run killed at a random epoch (SIGKILL to a graph server, to the parameter server, or to
+the coordinator itself) and then resumed ends with the same per-epoch metrics as an uninterrupted
+run; a graph server stopped with SIGSTOP is reported by the watchdog, and no process is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dorylus.runs import read_metrics
+from tests.conftest import CORA
+from tests.processes import alive, children_of, cmdline, wait_gone
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = 60
+TRAIN = ["--dataset", str(CORA), "--backend", "lambda", "--parts", "2", "--epochs", str(EPOCHS),
+         "--checkpoint-every", "10"]
+
+
+def dorylus(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dorylus.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    if not CORA.is_file():
+        pytest.skip(f"real data not present at {CORA}")
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = dorylus("train", *TRAIN, "--run-dir", str(run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return read_metrics(run)
+
+
+class Training:
+    """``dorylus train`` in the background; every process it started is killed at the end."""
+
+    def __init__(self, args: list[str], log: Path):
+        self.log = log
+        self.process = subprocess.Popen([sys.executable, "-m", "dorylus.cli", "train", *args], cwd=REPO,
+                                        stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+        self.seen: set[int] = set()
+
+    def wait_for_epoch(self, run: Path, epoch: int, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ((run / "metrics.jsonl").exists() and any(m["epoch"] >= epoch for m in read_metrics(run))):
+            assert self.process.poll() is None, f"training exited early: {self.log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"training did not reach epoch {epoch}"
+            self.seen |= children_of(self.process.pid)
+            time.sleep(0.05)
+        self.seen |= children_of(self.process.pid)
+
+    def role(self, word: bytes) -> int:
+        return next(pid for pid in children_of(self.process.pid) if word in cmdline(pid))
+
+    def close(self) -> None:
+        for pid in self.seen | children_of(self.process.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def training(tmp_path):
+    started: list[Training] = []
+
+    def start(*args: str) -> Training:
+        started.append(Training(list(args), tmp_path / f"train-{len(started)}.log"))
+        return started[-1]
+
+    yield start
+    for t in started:
+        t.close()
+
+
+def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
+    assert [m["epoch"] for m in got] == list(range(1, EPOCHS + 1))  # every epoch once, in order
+    for g, w in zip(got, want):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), g["epoch"]
+        assert abs(g["test_acc"] - w["test_acc"]) * 1000 <= 1 + 1e-9, g["epoch"]  # Cora: 1,000 test vertices
+
+
+@pytest.mark.parametrize("victim", [
+    "graph server",
+    pytest.param("parameter server", marks=pytest.mark.slow),
+    "coordinator",
+])
+def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training, tmp_path, victim):
+    run = tmp_path / "run"
+    kill_at = random.Random(victim).randint(12, EPOCHS - 8)
+    t = training(*TRAIN, "--run-dir", str(run))
+    t.wait_for_epoch(run, kill_at)
+    target = {"graph server": lambda: t.role(b"graphserver.server"),
+              "parameter server": lambda: t.role(b"dorylus.paramserver"),
+              "coordinator": lambda: t.process.pid}[victim]()
+    os.kill(target, signal.SIGKILL)
+    code = t.process.wait(timeout=60)
+    output = t.log.read_text()
+    assert not wait_gone(t.seen - {t.process.pid}, 30), f"processes left after killing the {victim}"
+    if victim == "coordinator":
+        assert code == -signal.SIGKILL
+        saved = torch_epoch(run)
+        assert saved % 10 == 0 and saved <= kill_at + 1  # the last periodic checkpoint
+    else:
+        assert code == 1, output
+        assert f"dorylus train --resume {run}" in output  # the exact command to continue
+        assert f"{victim}" in output and "exited" in output
+        saved = torch_epoch(run)
+        assert saved >= kill_at  # the failure path wrote the last finished epoch
+
+    resumed = dorylus("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_metrics(read_metrics(run), uninterrupted)
+    assert json.loads((run / "summary.json").read_text())["epochs"] == EPOCHS
+
+
+def torch_epoch(run: Path) -> int:
+    import torch
+
+    return int(torch.load(run / "checkpoint.pt", weights_only=True)["epoch"])
+
+
+def test_stopped_graph_server_is_reported_by_the_watchdog(training, tmp_path):
+    """SIGSTOP: the process neither exits nor answers. Default watchdog settings."""
+    if not CORA.is_file():
+        pytest.skip(f"real data not present at {CORA}")
+    run = tmp_path / "run"
+    t = training("--dataset", str(CORA), "--backend", "lambda", "--epochs", "100000", "--run-dir", str(run))
+    t.wait_for_epoch(run, 3)
+    victim = t.role(b"graphserver.server")
+    args = cmdline(victim).split(b"\0")
+    part = args[args.index(b"--part") + 1].decode()
+    stopped_at = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    code = t.process.wait(timeout=120)
+    took = time.monotonic() - stopped_at
+    output = t.log.read_text()
+    assert code == 1 and took < 60, (took, output[-2000:])
+    report = next(line for line in output.splitlines() if "watchdog" in line)
+    assert f"graph server {part}" in report and f"pid {victim}" in report and "stopped" in report
+    assert f"graphserver-{part}.log" in report and "Traceback" not in output
+    assert f"dorylus train --resume {run}" in output and torch_epoch(run) >= 3
+    assert not wait_gone(t.seen, 30), "the watchdog's stop left processes behind"

@@ -1,0 +1,182 @@
+"""Bad input to the role commands is one line on stderr and exit status 2, with nothing created;
+Ctrl-C while the command imports its modules is one line and 130; ``--help`` does not import
+torch. Every case runs the real command line in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dorylus.data.loaders import save_npz
+from dorylus.partition import assign_parts, write_store
+from tests.graphs import random_graph
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+TIMEOUT = 120  # seconds; a graph server imports torch before it binds
+
+
+def run(tmp_path: Path, *args: str, module: str = "dorylus.cli") -> subprocess.CompletedProcess:
+    # Run in tmp_path (empty but for what the test put there) so that any file the command creates shows.
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=tmp_path, env=ENV)
+
+
+def assert_one_error(proc: subprocess.CompletedProcess, command: str, *needles: str) -> str:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"dorylus {command}: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[Path, Path]:
+    """A 2-part store and a cpu-backend config file, outside every test's working directory."""
+    root = tmp_path_factory.mktemp("store")
+    graph = random_graph(num_nodes=40, num_edges=120)
+    write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, 2, "random"), root / "parts",
+                method="random", seed=0)
+    config = root / "config.json"
+    config.write_text(json.dumps({"backend": "cpu", "hidden": 4}))
+    return root / "parts", config
+
+
+def graphserver_args(store: tuple[Path, Path], **overrides: str) -> list[str]:
+    options = {"--store": str(store[0]), "--part": "0", "--config": str(store[1]),
+               "--param-server": "tcp://127.0.0.1:5", "--ready-file": "ready", **overrides}
+    return [part for option, value in options.items() for part in (option, value)]
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_emulator_port_out_of_range(tmp_path, port):
+    line = assert_one_error(run(tmp_path, "lambda-emulator", "--port", port), "lambda-emulator", "--port", port)
+    assert "0-65535" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_emulator_port_in_use(tmp_path, busy_port):
+    proc = run(tmp_path, "lambda-emulator", "--port", str(busy_port), "--concurrency", "1")
+    assert_one_error(proc, "lambda-emulator", "cannot bind", str(busy_port), "address already in use")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--bind", "--param-server"])
+@pytest.mark.parametrize("module", ["dorylus.cli", "graphserver.server"])
+def test_graphserver_bad_endpoint(tmp_path, module, option):
+    # A missing store and config as well: the endpoint must be checked first, before any loading.
+    args = graphserver_args((tmp_path / "no-store", tmp_path / "no-config.json"), **{option: "garbage"})
+    if module == "dorylus.cli":
+        args.insert(0, "graphserver")
+    assert_one_error(run(tmp_path, *args, module=module), "graphserver", option, "'garbage'")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("module", ["dorylus.cli", "dorylus.paramserver"])
+@pytest.mark.parametrize("endpoint", ["garbage", "tcp://127.0.0.1", "tcp://127.0.0.1:65536", "udp://1.2.3.4:5"])
+def test_paramserver_bad_bind(tmp_path, module, endpoint):
+    args = ["--num-features", "5", "--num-classes", "3", "--bind", endpoint, "--ready-file", "ready"]
+    if module == "dorylus.cli":
+        args.insert(0, "paramserver")
+    assert_one_error(run(tmp_path, *args, module=module), "paramserver", "--bind", endpoint)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--config", "--ready-file"])
+def test_paramserver_missing_file_or_directory(tmp_path, option):
+    missing = str(tmp_path / "no-dir" / "run.json")
+    args = {"--num-features": "5", "--num-classes": "3", "--ready-file": "ready", option: missing}
+    proc = run(tmp_path, "paramserver", *(part for item in args.items() for part in item))
+    assert_one_error(proc, "paramserver", missing.lower())
+    assert not list(tmp_path.iterdir())
+
+
+def test_paramserver_port_in_use(tmp_path, busy_port):
+    endpoint = f"tcp://127.0.0.1:{busy_port}"
+    proc = run(tmp_path, "paramserver", "--num-features", "5", "--num-classes", "3", "--bind", endpoint,
+               "--ready-file", "ready")
+    assert_one_error(proc, "paramserver", f"cannot bind {endpoint}", "address already in use")
+    assert not list(tmp_path.iterdir())
+
+
+def test_graphserver_port_in_use(tmp_path, store, busy_port):
+    endpoint = f"tcp://127.0.0.1:{busy_port}"
+    proc = run(tmp_path, "graphserver", *graphserver_args(store, **{"--bind": endpoint}))
+    assert_one_error(proc, "graphserver", f"cannot bind {endpoint}", "address already in use")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["store", "part", "config", "ready-file"])
+def test_graphserver_bad_inputs(tmp_path, store, case):
+    bad = {"store": {"--store": str(tmp_path / "no-store")},
+           "part": {"--part": "2"},
+           "config": {"--config": str(tmp_path / "no-config.json")},
+           "ready-file": {"--ready-file": str(tmp_path / "no-dir" / "ready")}}[case]
+    proc = run(tmp_path, "graphserver", *graphserver_args(store, **bad))
+    # Each message names the offending value: the path, or the part number.
+    assert_one_error(proc, "graphserver", "part 2" if case == "part" else next(iter(bad.values())).lower())
+    assert not list(tmp_path.iterdir())
+
+
+def _mapped(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+# Interrupt while the parser's modules import (numpy: before the command runs) and while the
+# command's own imports run (libtorch). Waiting for the library to be mapped, rather than a fixed
+# delay, puts the signal inside the import phase even on a loaded machine.
+@pytest.mark.parametrize("library", ["_multiarray_umath", "libtorch_cpu"])
+def test_ctrl_c_while_importing_is_one_line(tmp_path, library):
+    data = tmp_path / "g.npz"
+    save_npz(random_graph(), data)
+    process = subprocess.Popen([sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(data),
+                                "--run-dir", str(tmp_path / "run")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not _mapped(process.pid, library):
+            assert process.poll() is None and time.monotonic() < deadline, f"{library} was never loaded"
+            time.sleep(0.005)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+    assert "Traceback" not in err + out and "Exception ignored" not in err, err
+    assert process.returncode == 130, err
+    assert err == "dorylus train: interrupted\n"
+
+
+def test_help_does_not_import_torch(tmp_path):
+    code = ("import contextlib, io, sys\n"
+            "from dorylus.cli import build_parser\n"
+            "for command in ([], ['train'], ['partition'], ['graphserver'], ['paramserver'], ['lambda-emulator']):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        build_parser().parse_args([*command, '--help'])\n"
+            "print('torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+                          env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "False\n"
