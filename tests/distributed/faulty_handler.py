@@ -7,3 +7,12 @@ def handler(event, context=None):
     if event["task"] == "AV_BWD" and event["epoch"] == 2 and event["interval"] == 1:
         raise ValueError("injected failure")
     return real_handler(event, context)
+
+
+def hanging_handler(event, context=None):
+    """Never returns from one call of epoch 3: a function that stopped making progress."""
+    if event["task"] == "AV" and event["epoch"] == 3 and event["interval"] == 0:
+        import time
+
+        time.sleep(3600)
+    return real_handler(event, context)

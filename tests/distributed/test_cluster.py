@@ -20,6 +20,7 @@ from dorylus.coordinator import ClusterError, LocalCluster
 from dorylus.data.loaders import save_npz
 from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.protocol import Header, Op
+from dorylus.runs import read_metrics
 from dorylus.training import run_training
 from tests.graphs import random_graph
 from tests.processes import cmdline, alive, children_of, wait_gone
@@ -42,6 +43,35 @@ def test_function_error_names_task_and_stops_cleanly(tmp_path):
     left = children_of(os.getpid()) - before
     assert not left, f"the failed run left processes behind: {[cmdline(p)[:120] for p in left]}"
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # epoch 1 was kept
+
+
+def test_watchdog_names_a_function_call_that_hangs(tmp_path):
+    graph = random_graph(num_nodes=60, num_edges=200)
+    config = TrainConfig(backend="lambda", parts=2, functions=2, epochs=5, hidden=4, run_dir=str(tmp_path / "run"),
+                         function_handler="tests.distributed.faulty_handler:hanging_handler",
+                         watchdog_min_s=2.0, task_timeout_s=120)
+    before = children_of(os.getpid())
+    progress = io.StringIO()
+    start = time.monotonic()
+    with pytest.raises(ClusterError) as err:
+        run_training(config, graph, progress=progress)
+    message = str(err.value)
+    assert time.monotonic() - start < 60  # the watchdog, not the 120 s task timeout
+    assert message.startswith("watchdog: forward epoch 3 layer 0 made no progress"), message
+    assert "AV interval 0 epoch 3 layer 0 on graph server" in message and "graphserver-" in message
+    assert "resume with:\n  dorylus train --resume" in progress.getvalue()
+    assert [m["epoch"] for m in read_metrics(tmp_path / "run")] == [1, 2]
+    assert not wait_gone(children_of(os.getpid()) - before, 20), "the stopped run left processes behind"
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(training_process):
+    process, roles = training_process
+    process.terminate()  # the coordinator alone, as a service manager would
+    assert process.wait(timeout=60) == 130
+    output = process.stderr.read()
+    assert "dorylus train: interrupted" in output and "dorylus train --resume" in output, output[-2000:]
+    assert "Traceback" not in output
+    assert not wait_gone(roles, 10), "SIGTERM left processes behind"
 
 
 @pytest.fixture(scope="module")

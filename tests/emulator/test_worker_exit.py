@@ -12,29 +12,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.processes import alive, children_of, cmdline
+
 from .test_server import CODE_DIR, H, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_workers_exit_quietly_when_the_server_is_killed(tmp_path):
@@ -49,8 +31,8 @@ def test_workers_exit_quietly_when_the_server_is_killed(tmp_path):
     try:
         line = process.stdout.readline()
         url = re.search(r"http://\S+", line).group(0)
-        workers = _children(process.pid)  # the two workers and multiprocessing's resource tracker
-        assert sum(b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers) == 2
+        workers = children_of(process.pid)  # the two workers (multiprocessing's resource tracker is left out)
+        assert len(workers) == 2, [cmdline(pid) for pid in workers]
         # One worker busy in a call (its reply will meet a broken pipe), one idle in recv().
         request = urllib.request.Request(f"{url}/2015-03-31/functions/sleep/invocations", method="POST",
                                          data=json.dumps({"seconds": 1.0}).encode(),
@@ -59,11 +41,11 @@ def test_workers_exit_quietly_when_the_server_is_killed(tmp_path):
         time.sleep(0.3)  # let the call reach its worker
         process.kill()
         process.wait(timeout=10)
-        wait_until(lambda: not any(map(_alive, workers)), timeout_s=20, what="the orphaned processes to exit")
+        wait_until(lambda: not any(map(alive, workers)), timeout_s=20, what="the orphaned processes to exit")
         assert stderr.read_text() == ""
     finally:
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if process.poll() is None:
             process.kill()
