@@ -118,9 +118,7 @@ class Watchdog:
         bound_s = self.min_s if bound_s is None else bound_s
         now = time.monotonic()
         for child, socket in self.roles:
-            while socket.poll(0, zmq.POLLIN):
-                socket.recv_multipart()
-                self.unanswered_since[child.name] = None
+            self._drain(child, socket)
             if now - self.last_ping[child.name] >= self.PING_S:
                 protocol.send(socket, Header(Op.HELLO, role="coordinator"))
                 self.last_ping[child.name] = now
@@ -132,15 +130,19 @@ class Watchdog:
                                    f"answered a heartbeat for {silent:.0f} s while the run was doing {doing}; "
                                    f"its log: {child.log}")
 
+    def _drain(self, child: _Child, socket: zmq.Socket) -> None:
+        """Take the heartbeat replies that arrived: the role answered."""
+        while socket.poll(0, zmq.POLLIN):
+            socket.recv_multipart()
+            self.unanswered_since[child.name] = None
+
     def in_flight(self) -> str:
         """What the graph servers report as still running, one clause per server."""
         found = []
         for child, socket in self.roles:
             if not child.name.startswith("graph server"):
                 continue
-            while socket.poll(0, zmq.POLLIN):
-                socket.recv_multipart()
-                self.unanswered_since[child.name] = None
+            self._drain(child, socket)
             protocol.send(socket, Header(Op.STATS, req=1))
             deadline = time.monotonic() + 2.0
             while (wait := deadline - time.monotonic()) > 0 and socket.poll(int(wait * 1000), zmq.POLLIN):
@@ -388,10 +390,6 @@ class DistributedTrainer:
         servers += server_cost_usd(self.config.param_server_instance, seconds, 1)
         return {"invocations": invocations, "billed_gb_s": billed_gb_s,
                 "cost_usd": lambda_cost_usd(billed_gb_s, invocations) + servers}
-
-    def weights(self) -> list[np.ndarray]:
-        _, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_weights"}))
-        return [np.array(t) for t in tensors]
 
     def state(self) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         """The parameter server's weights and optimizer state (see :mod:`dorylus.optim`)."""

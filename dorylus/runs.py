@@ -10,23 +10,28 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, Callable
 
 import numpy as np
 
 from dorylus.errors import ConfigError
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(f)`` into a temporary file beside ``path``, flushed to disk, then renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def default_run_dir(dataset: str, backend: str) -> Path:
@@ -95,15 +100,8 @@ class RunDir:
         import torch
 
         path = self.path / "checkpoint.pt"
-        tmp = path.with_name(f".checkpoint.pt.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save({"format": CHECKPOINT_FORMAT, "config": self.config, **checkpoint.to_dict()}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, "config": self.config,
+                                                 **checkpoint.to_dict()}, f))
         return path
 
     def close(self) -> None:
