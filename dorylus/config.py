@@ -48,17 +48,41 @@ class TrainConfig:
     backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
                         "(local emulator), 'cpu' = in the graph servers, 'reference' = single-process PyTorch",
                         ("lambda", "cpu", "reference"))
-    mode: str = _opt("sync", "'sync': barrier after every Scatter (exact, equals the reference)", ("sync",))
+    mode: str = _opt("sync", "scheduler: 'sync' = barrier after every task stage and Scatter; 'pipe' = intervals "
+                     "pipelined, Scatter still a barrier (both exact, equal the reference); 'async' = no Scatter "
+                     "barrier, bounded by --staleness", ("sync", "pipe", "async"))
+    staleness: int = _opt(0, "async mode: an interval starts epoch e only when e <= min_epoch + S, and Gather reads "
+                          "ghost rows at most S epochs old")
     partitions: str | None = _opt(None, "partition store directory to train on (default: partition --dataset "
                                   "into the run directory)")
     parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
                              "store's count with --partitions (giving another count is an error)")
     partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
-    functions: int = _opt(2, "intervals per graph server: one function call per interval and task")
+    intervals: int = _opt(4, "intervals per graph server: one function call per interval and task")
+    functions: int | None = _opt(None, "concurrent function calls per graph server; default: autotuned while "
+                                 "training, between 1 and --intervals")
+    relaunch_min_s: float = _opt(5.0, "a function call not finished within max(this, relaunch_ratio x the moving "
+                                 "mean of its task kind) is launched again")
+    relaunch_ratio: float = _opt(3.0, "multiple of a task kind's moving mean duration before a relaunch")
+    max_attempts: int = _opt(4, "attempts of one function call (first launch and relaunches) before the run fails")
     function_handler: str = _opt("lambdas.handler:handler", "the function the local Lambda emulator runs (module:callable)")
     lambda_memory_mb: int = _opt(1024, "function memory size in MB, 128-10240 as Lambda allows (billing, and the "
                                  "emulator's setting)")
-    lambda_start_latency_ms: float = _opt(0.0, "emulated start latency added to each function call")
+    lambda_start_latency_ms: float = _opt(0.0, "emulator: invoke latency added to each function call (not billed)")
+    lambda_cold_start_ms: float = _opt(0.0, "emulator: extra latency of a call on a worker that has not run the "
+                                       "function within --lambda-keep-warm-s (billed, as Lambda bills INIT)")
+    lambda_keep_warm_s: float = _opt(600.0, "emulator: how long an idle worker stays warm")
+    lambda_bandwidth_mbps: float = _opt(0.0, "emulator: cap on each call's ZeroMQ traffic in megabits/s (0: none)")
+    lambda_cpu_share: bool = _opt(False, "emulator: slow each call to the CPU share its memory buys on Lambda "
+                                  "(1,769 MB = one vCPU)")
+    aws_like: bool = _opt(False, "emulator: AWS Lambda's measured latencies, bandwidth and CPU share (see "
+                          "dorylus/emulator/physics.py); overrides the lambda_* physics options")
+    fault_raise: float = _opt(0.0, "emulator fault injection: fraction of calls that raise a function error")
+    fault_crash: float = _opt(0.0, "emulator fault injection: fraction of calls whose sandbox crashes")
+    fault_hang: float = _opt(0.0, "emulator fault injection: fraction of calls that hang until the timeout")
+    fault_straggle: float = _opt(0.0, "emulator fault injection: fraction of calls slowed by --fault-straggle-factor")
+    fault_straggle_factor: float = _opt(10.0, "emulator fault injection: slowdown of a straggling call")
+    fault_seed: int = _opt(0, "emulator fault injection: seed of which calls fail")
     graph_server_instance: str = _opt("c5.2xlarge", "EC2 instance type a graph server is priced at")
     param_server_instance: str = _opt("c5.xlarge", "EC2 instance type the parameter server is priced at")
     task_timeout_s: float = _opt(600.0, "a function call (and a phase never seen before) fails after this long; "
@@ -93,7 +117,20 @@ class TrainConfig:
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
             (self.parts is None or self.parts >= 1, "parts must be >= 1"),
-            (self.functions >= 1, "functions must be >= 1"),
+            (self.intervals >= 1, "intervals must be >= 1"),
+            (self.functions is None or self.functions >= 1, "functions must be >= 1"),
+            (self.staleness >= 0, "staleness must be >= 0"),
+            (self.mode == "async" or self.staleness == 0, f"staleness applies to --mode async only, got mode "
+                                                          f"{self.mode!r} with staleness {self.staleness}"),
+            (math.isfinite(self.relaunch_min_s) and self.relaunch_min_s > 0, "relaunch_min_s must be > 0"),
+            (math.isfinite(self.relaunch_ratio) and self.relaunch_ratio >= 1, "relaunch_ratio must be >= 1"),
+            (self.max_attempts >= 1, "max_attempts must be >= 1"),
+            (self.lambda_cold_start_ms >= 0 and self.lambda_keep_warm_s >= 0 and self.lambda_bandwidth_mbps >= 0,
+             "lambda_cold_start_ms, lambda_keep_warm_s and lambda_bandwidth_mbps must be >= 0"),
+            (all(0.0 <= f <= 1.0 for f in (self.fault_raise, self.fault_crash, self.fault_hang, self.fault_straggle))
+             and self.fault_raise + self.fault_crash + self.fault_hang + self.fault_straggle <= 1.0,
+             "fault fractions must be in [0, 1] and sum to at most 1"),
+            (self.fault_straggle_factor >= 1, "fault_straggle_factor must be >= 1"),
             (MEMORY_RANGE_MB[0] <= self.lambda_memory_mb <= MEMORY_RANGE_MB[1],
              f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
              f"got {self.lambda_memory_mb}"),

@@ -5,10 +5,9 @@ processes (logs in ``<run dir>/logs``), and for the ``lambda`` backend a Lambda 
 worker processes run the function. It stops all of them on success, on error and on Ctrl-C;
 children also exit on their own when the coordinator disappears.
 
-``DistributedTrainer`` has the reference trainer's interface (``step(epoch) -> metrics``). In
-``sync`` mode an epoch is: forward phases for layers ``0..L-1`` (the last one fused with the
-loss and its backward), backward phases for layers ``L-1..1``, one optimizer step on the
-parameter server, then (when evaluating) forward phases without dropout for the accuracies.
+``DistributedTrainer`` has the reference trainer's interface (``step(epoch) -> metrics``); the
+graph servers run the epochs themselves (:mod:`graphserver.scheduler`) and the coordinator
+collects their reports, publishes ``min_epoch``, watches the roles and takes checkpoints.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -160,6 +160,18 @@ class Watchdog:
         self.roles = []
 
 
+def emulator_physics(config: TrainConfig):
+    """The emulator's :class:`~dorylus.emulator.physics.Physics` from the config's ``lambda_*``
+    options, or the measured AWS figures with ``aws_like``."""
+    from dorylus.emulator.physics import AWS_LIKE, Physics
+
+    if config.aws_like:
+        return AWS_LIKE
+    return Physics(start_latency_ms=config.lambda_start_latency_ms, cold_start_ms=config.lambda_cold_start_ms,
+                   keep_warm_s=config.lambda_keep_warm_s, bandwidth_mbps=config.lambda_bandwidth_mbps,
+                   cpu_share=config.lambda_cpu_share)
+
+
 class LocalCluster:
     """Every process of a local-mode run; use as a context manager."""
 
@@ -207,10 +219,18 @@ class LocalCluster:
         if self.config.backend == "lambda":
             from dorylus.emulator import serve
 
-            self.emulator = serve(functions={FUNCTION_NAME: self.config.function_handler},
-                                  concurrency=self.store.num_parts * self.config.functions,
-                                  memory_mb=self.config.lambda_memory_mb, timeout_s=self.config.task_timeout_s,
-                                  start_latency_ms=self.config.lambda_start_latency_ms)
+            from dorylus.emulator.faults import FaultPlan
+
+            c = self.config
+            per_server = c.functions or c.intervals
+            # headroom over the calls a graph server runs at once: relaunched attempts run beside stragglers
+            self.emulator = serve(functions={FUNCTION_NAME: c.function_handler},
+                                  concurrency=self.store.num_parts * (per_server + 1),
+                                  memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s,
+                                  physics=emulator_physics(c),
+                                  faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
+                                                   hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
+                                                   straggle_factor=c.fault_straggle_factor, seed=c.fault_seed))
             lambda_args = ["--lambda-endpoint", self.emulator.url, "--function-name", FUNCTION_NAME]
 
         ready_files = []
@@ -226,7 +246,7 @@ class LocalCluster:
         self.servers = [self._dealer(e) for e in endpoints]
         for child, endpoint in zip(self.children[1:], endpoints):
             self.watchdog.watch(child, endpoint)
-        replies = self.phase("connect", peers=",".join(endpoints))
+        replies = self.command("connect", peers=",".join(endpoints))
         self.intervals = sum(r["intervals"] for r in replies)
 
     def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
@@ -294,39 +314,37 @@ class LocalCluster:
 
     def _await(self, socket: zmq.Socket, req: int, what: str, step: str) -> tuple[Header, list[np.ndarray]]:
         """The reply to ``req``, while the watchdog checks the roles' heartbeats and that the
-        ``step`` (a phase kind) finishes within its bound."""
+        ``step`` finishes within its bound."""
         start = time.monotonic()
         bound, why = self.watchdog.bound(step)
         while True:
-            if socket.poll(200, zmq.POLLIN):
+            if socket.poll(50, zmq.POLLIN):
                 reply, tensors = protocol.recv(socket)
                 if reply.req != req:
                     continue  # a late answer to an earlier request
                 if reply.op is Op.ERROR:
                     raise ClusterError(f"{what} failed: {reply.message}")
                 return reply, tensors
-            self._check_alive()
-            self.watchdog.check_heartbeats(what)
-            if time.monotonic() - start > bound:
-                # A role that stopped answering is the likelier culprit than the calls it waits on.
-                self.watchdog.check_heartbeats(what, bound_s=3 * Watchdog.PING_S)
-                raise ClusterError(f"watchdog: {what} made no progress for {time.monotonic() - start:.0f} s "
-                                   f"(bound {bound:.0f} s: {why}); {self.watchdog.in_flight()}")
+            self.check(what, time.monotonic() - start, bound, why)
 
-    def phase(self, command: str, **meta: Any) -> list[dict[str, Any]]:
-        """Run one phase on every graph server at once; returns their replies' meta, by part."""
-        start = time.monotonic()
+    def check(self, what: str, elapsed: float, bound: float, why: str) -> None:
+        """Raise ClusterError if a role died or stalled, or ``what`` ran past its bound."""
+        self._check_alive()
+        self.watchdog.check_heartbeats(what)
+        if elapsed > bound:
+            # A role that stopped answering is the likelier culprit than the calls it waits on.
+            self.watchdog.check_heartbeats(what, bound_s=3 * Watchdog.PING_S)
+            raise ClusterError(f"watchdog: {what} made no progress for {elapsed:.0f} s "
+                               f"(bound {bound:.0f} s: {why}); {self.watchdog.in_flight()}")
+
+    def command(self, command: str, **meta: Any) -> list[dict[str, Any]]:
+        """Send one command to every graph server at once; returns their replies' meta, by part."""
         reqs = []
         for socket in self.servers:
             req = next(self._ids)
             protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": command, **meta}))
             reqs.append(req)
-        what = (f"{command} epoch {meta['epoch']} layer {meta['layer']}" + ("" if meta.get("training", True)
-                else " (evaluation)")) if "epoch" in meta else command
-        step = f"{command} {meta.get('layer')} {meta.get('training')}"
-        replies = [dict(self._await(s, r, what, step)[0].meta) for s, r in zip(self.servers, reqs)]
-        self.watchdog.record(step, time.monotonic() - start)
-        return replies
+        return [dict(self._await(s, r, command, command)[0].meta) for s, r in zip(self.servers, reqs)]
 
     def ps_request(self, header: Header, tensors: list[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
         start = time.monotonic()
@@ -342,7 +360,16 @@ class LocalCluster:
 
 
 class DistributedTrainer:
-    """Drives a :class:`LocalCluster` epoch by epoch; ``step`` returns the epoch's metrics."""
+    """Starts the graph servers' epochs and collects them; ``step(epoch)`` returns epoch
+    ``epoch``'s metrics once every graph server reported it.
+
+    The graph servers run their epochs themselves (``train`` command); the coordinator polls
+    their ``progress`` every :data:`POLL_S`, which carries ``min_epoch`` (the oldest epoch some
+    server has not finished: async mode's gate) one way and the finished epochs' reports the
+    other. The parameter server steps by itself once an epoch's gradients are all in.
+    """
+
+    POLL_S = 0.005
 
     def __init__(self, config: TrainConfig, cluster: LocalCluster):
         self.config = config
@@ -350,38 +377,67 @@ class DistributedTrainer:
         meta = cluster.store.meta
         self.spec = ModelSpec.from_config(config, meta.num_features, meta.num_classes)
         self.counts = {"train": meta.train_count, "val": meta.val_count, "test": meta.test_count}
-        self.version = int(cluster.ps_request(Header(Op.HELLO, role="coordinator"))[0].meta.get("version", 0))
+        cluster.ps_request(Header(Op.COMMAND, meta={"command": "configure", "expected": cluster.intervals}))
+        self.started = False
+        self.reports: dict[int, list[dict[str, Any]]] = {}  # epoch -> reports, one per graph server so far
+        self.finished = [0] * len(cluster.servers)           # last epoch each graph server reported
+        self.epoch_end = time.perf_counter()
+        self.before = cluster.emulator_stats()
 
-    def _forward(self, epoch: int, training: bool, timings: dict[str, float]) -> dict[str, Any]:
-        for layer in range(len(self.spec.layers)):
-            replies = self.cluster.phase("forward", epoch=epoch, layer=layer, training=training, version=self.version)
-            _add_timings(timings, replies)
-        return {k: sum(r[k] for r in replies) for k in ("loss", "correct_train", "correct_val", "correct_test")}
+    def _start(self, first: int) -> None:
+        self.finished = [first - 1] * len(self.cluster.servers)
+        self.cluster.command("train", first=first, last=self.config.epochs, epochs=self.config.epochs,
+                             eval_every=self.config.eval_every)
+        self.started = True
+        self.epoch_end = time.perf_counter()
+
+    def _poll(self) -> None:
+        min_epoch = min(self.finished) + 1
+        for part, meta in enumerate(self.cluster.command("progress", min_epoch=min_epoch)):
+            for report in json.loads(meta["reports"]):
+                self.reports.setdefault(report["epoch"], []).append(report)
+                self.finished[part] = max(self.finished[part], report["epoch"])
 
     def step(self, epoch: int) -> dict[str, Any]:
-        start = time.perf_counter()
-        before = self.cluster.emulator_stats()
-        timings: dict[str, float] = {}
-        train = self._forward(epoch, True, timings)
-        for layer in range(len(self.spec.layers) - 1, 0, -1):
-            _add_timings(timings, self.cluster.phase("backward", epoch=epoch, layer=layer, version=self.version))
-        wu = time.perf_counter()
-        reply, _ = self.cluster.ps_request(Header(Op.COMMAND, meta={
-            "command": "step", "epoch": epoch, "expected": self.cluster.intervals}))
-        self.version = int(reply.meta["version"])
-        timings["wu_s"] = time.perf_counter() - wu
-        metrics: dict[str, Any] = {"epoch": epoch, "loss": float(train["loss"])}
-        if epoch % self.config.eval_every == 0 or epoch == self.config.epochs:
-            evaluated = self._forward(epoch, False, timings)
-            metrics.update({f"{k}_acc": evaluated[f"correct_{k}"] / v if v else float("nan")
+        if not self.started:
+            self._start(epoch)
+        start = time.monotonic()
+        bound, why = self.cluster.watchdog.bound("epoch")
+        while len(self.reports.get(epoch, ())) < len(self.cluster.servers):
+            self._poll()
+            self.cluster.check(f"epoch {epoch}", time.monotonic() - start, bound, why)
+            time.sleep(self.POLL_S)
+        self.cluster.watchdog.record("epoch", time.monotonic() - start)
+        reports = self.reports.pop(epoch)
+        now = time.perf_counter()
+        seconds, self.epoch_end = now - self.epoch_end, now
+        metrics: dict[str, Any] = {"epoch": epoch, "loss": float(sum(r["loss"] for r in reports))}
+        if reports[0]["evaluated"]:
+            metrics.update({f"{k}_acc": sum(r[f"correct_{k}"] for r in reports) / v if v else float("nan")
                             for k, v in self.counts.items()})
         else:
             metrics.update(train_acc=None, val_acc=None, test_acc=None)
-        metrics["epoch_s"] = time.perf_counter() - start
-        metrics.update(self._cost(before, self.cluster.emulator_stats(), metrics["epoch_s"]))
-        metrics["task_s"] = {k: v for k, v in timings.items() if k.endswith("_s")}
-        metrics["bytes"] = {k[len("bytes_"):]: v for k, v in timings.items() if k.startswith("bytes_")}
+        metrics["epoch_s"] = seconds
+        after = self.cluster.emulator_stats()
+        metrics.update(self._cost(self.before, after, seconds))
+        self.before = after
+        reads = sum(r["staleness_reads"] for r in reports)
+        metrics.update(
+            staleness_max=max(r["staleness_max"] for r in reports),
+            staleness_mean=sum(r["staleness_sum"] for r in reports) / reads if reads else 0.0,
+            weight_lag_max=max(r["weight_lag_max"] for r in reports),
+            relaunches=sum(r["relaunches"] for r in reports), failed_calls=sum(r["failed_calls"] for r in reports),
+            calls=sum(r["invocations"] for r in reports), concurrency=[r["concurrency"] for r in reports])
+        metrics["task_s"] = {k: max(r["task_s"].get(k, 0.0) for r in reports)
+                             for k in sorted({k for r in reports for k in r["task_s"]})}
+        metrics["bytes"] = {k[len("bytes_"):]: sum(r.get(k, 0) for r in reports)
+                            for k in ("bytes_functions", "bytes_ghosts", "bytes_params")}
         return metrics
+
+    def grad_counts(self) -> dict[str, int]:
+        """Gradient pushes the parameter server applied and dropped (duplicates), run totals."""
+        reply, _ = self.cluster.ps_request(Header(Op.STATS))
+        return {"applied": int(reply.meta["applied"]), "dropped": int(reply.meta["dropped"])}
 
     def _cost(self, before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
         invocations = int(after.get("invocations", 0) - before.get("invocations", 0))
@@ -391,9 +447,9 @@ class DistributedTrainer:
         return {"invocations": invocations, "billed_gb_s": billed_gb_s,
                 "cost_usd": lambda_cost_usd(billed_gb_s, invocations) + servers}
 
-    def state(self) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """The parameter server's weights and optimizer state (see :mod:`dorylus.optim`)."""
-        reply, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_state"}))
+    def state(self, epoch: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """The weights and optimizer state right after epoch ``epoch``'s step (see :mod:`dorylus.optim`)."""
+        reply, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_state", "version": epoch}))
         arrays = {name: np.array(t) for name, t in zip(reply.names, tensors)}
         weights = [arrays.pop(f"W{layer}") for layer in range(len(self.spec.layers))]
         return weights, arrays
@@ -405,12 +461,3 @@ class DistributedTrainer:
         self.cluster.ps_request(Header(Op.COMMAND, names=tuple(arrays), meta={
             "command": "set_state", "version": epoch, "epoch": epoch, "optimizer": self.config.optimizer}),
             list(arrays.values()))
-        self.version = epoch
-
-
-def _add_timings(timings: dict[str, float], replies: list[dict[str, Any]]) -> None:
-    """Per task kind, the slowest server's time (the phase waits for it); bytes are summed."""
-    for key in {k for r in replies for k in r if k.endswith("_s")}:
-        timings[key] = timings.get(key, 0.0) + max(r.get(key, 0.0) for r in replies)
-    for key in {k for r in replies for k in r if k.startswith("bytes_")}:
-        timings[key] = timings.get(key, 0) + sum(r.get(key, 0) for r in replies)

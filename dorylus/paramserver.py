@@ -3,49 +3,61 @@
 One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3, §5)::
 
     HELLO                                   -> READY    meta {num_layers, version, optimizer}
-    PULL_WEIGHTS layer, epoch, interval     -> WEIGHTS  layer, version, [W_layer]
+    PULL_WEIGHTS layer, epoch, interval,    -> WEIGHTS  layer, version, [W_layer], meta {newest}
+                 part, meta {weights}
     PUSH_GRADS   layer, epoch, interval,    -> ACK      meta {duplicate}
                  version, part, [dW_layer]
+    COMMAND configure {expected}            -> ACK      (auto-step, see below)
     COMMAND step  {epoch[, expected]}       -> ACK      meta {version, grads}
-    COMMAND get_state                       -> WEIGHTS  meta {version, epoch, optimizer}, [W<l>..., <kind>_<l>...]
+    COMMAND wait_version {version}          -> ACK      meta {version}, sent once that version exists
+    COMMAND get_state [{version}]           -> WEIGHTS  meta {version, epoch, optimizer}, [W<l>..., <kind>_<l>...]
     COMMAND set_state {version, epoch,      -> ACK      meta {version, epoch}
                        optimizer}, tensors as get_state returns them
     COMMAND get_weights                     -> WEIGHTS  layer=0, version, [W_0, ..., W_{L-1}]
-    STATS                                   -> STATS    meta {pulls, pushes, ..., errors.<code>}
+    STATS                                   -> STATS    meta {pulls, pushes, applied, dropped, ...}
     SHUTDOWN                                -> ACK, then the loop stops
 
 Weight versions and the stash
 -----------------------------
-Version ``v`` is the weights after ``v`` optimizer steps; each version's arrays are immutable
-(a step writes new arrays), so a version can be pinned and sent without copying. The stash key
-of a function call is ``(part, layer, epoch, interval)``; ``part`` comes from the header or
-``meta["part"]`` (default 0) because interval ids are local to a graph server.
+Version ``v`` is the weights after ``v`` optimizer steps (one per epoch); each version's arrays
+are immutable (a step writes new arrays), so a version can be pinned and sent without copying.
+The stash key of a function call is ``(part, layer, epoch, interval)``; ``part`` comes from the
+header or ``meta["part"]`` (default 0) because interval ids are local to a graph server.
+``meta["weights"]`` of a PULL_WEIGHTS says which version it wants:
 
-* PULL_WEIGHTS without ``version`` (forward): pins the key to the current version and returns
-  it. If the key is already pinned (a relaunched attempt), the pinned version is returned, so
-  every attempt of a call computes with the same weights.
-* PULL_WEIGHTS with ``version`` (backward): returns exactly that version while it is kept
-  (current or pinned by some key); otherwise ERROR ``out_of_range``.
-* Release: a PUSH_GRADS for the key (the gradient is the last use of the stashed weights), or a
-  PULL_WEIGHTS with ``meta={"release": True}`` (served, then released). A version that is
-  neither current nor pinned is freed at once.
+* ``pin`` (forward pass): pins the key to the newest version and returns it. A key already
+  pinned (a relaunched attempt) gets its pinned version, so every attempt of a call computes
+  with the same weights.
+* ``stash`` (backward pass): the version the key pinned; ERROR ``out_of_range`` if none.
+* ``newest`` (evaluation): the newest version, not pinned.
+* absent: ``version`` given, exactly that version while it is kept; no ``version``, ``pin``.
+
+Pins of epoch ``e`` are released when ``e`` is stepped (a relaunched backward may still pull
+them until then); a version that is neither newest nor pinned is freed at once. Every reply
+carries ``meta["newest"]`` so that callers can record how far behind their version was.
 
 Gradients and the step
 ----------------------
 Gradients are buffered per ``(epoch, layer)`` under the key ``(part, interval)``; the first
-push of a key wins, later pushes (retries, relaunched attempts, pushes for an epoch already
-stepped) are ACKed with ``meta={"duplicate": True}`` and dropped. ``step`` sums each layer's
-buffer in sorted ``(part, interval)`` order, accumulating in float64 and rounding once to
-float32, so the result does not depend on arrival order; then it runs one optimizer step over
-all layers with :func:`dorylus.optim.build_optimizer` (``torch.optim``, one group per layer with
-its ``LayerSpec.weight_decay``), the same optimizer the reference trainer steps with.
+push of a key is applied, later pushes (relaunched attempts, pushes for an epoch already
+stepped) are ACKed with ``meta={"duplicate": True}`` and dropped; STATS counts both
+(``applied``, ``dropped``). A step sums each layer's buffer in sorted ``(part, interval)``
+order, accumulating in float64 and rounding once to float32, so the result does not depend on
+arrival order; then it runs one optimizer step over all layers with
+:func:`dorylus.optim.build_optimizer` (``torch.optim``, one group per layer with its
+``LayerSpec.weight_decay``), the same optimizer the reference trainer steps with.
+
+After ``configure {expected: N}`` (N = intervals over all graph servers) the server steps by
+itself: as soon as every layer of the next epoch has N gradients, in epoch order. Without it,
+the ``step`` command does (tests, tools).
 
 State
 -----
-``get_state`` returns the current weights and the optimizer state as named tensors (``W0``,
-``exp_avg_0``, ``step_0``, ...); ``set_state`` restores them (a checkpoint's, on resume) and
-drops every pin and pending gradient. The coordinator writes checkpoints; the parameter server
-never touches files.
+``get_state`` returns the weights and the optimizer state as named tensors (``W0``,
+``exp_avg_0``, ``step_0``, ...): the newest, or with ``version`` the state right after that
+step (the last :data:`KEPT_STATES` steps are kept; a version not reached yet is answered once
+it is). ``set_state`` restores a state (a checkpoint's, on resume) and drops every pin and
+pending gradient. The coordinator writes checkpoints; the parameter server never touches files.
 
 Errors
 ------
@@ -79,6 +91,8 @@ from dorylus.protocol import (
 )
 
 _POLL_MS = 50  # how often the loop checks for stop(): the bound on shutdown latency
+KEPT_STATES = 8  # optimizer states kept for get_state {version}: the coordinator's lag behind the steps
+WEIGHT_REQUESTS = ("pin", "stash", "newest")
 
 StashKey = tuple[int, int, int, int]  # (part, layer, epoch, interval)
 Reply = tuple[Header, list[np.ndarray]]
@@ -140,6 +154,10 @@ class ParameterServer:
         self._pins: dict[StashKey, int] = {}
         # (epoch, layer) -> (part, interval) -> dW: one buffer per layer and epoch until its step
         self._grads: dict[tuple[int, int], dict[tuple[int, int], np.ndarray]] = {}
+        self._expected: int | None = None    # gradients per layer and epoch; set: step by itself
+        self._states: dict[int, dict[str, np.ndarray]] = {}  # version -> optimizer arrays after that step
+        self._deferred: list[tuple[bytes, Header]] = []  # wait_version / get_state for a future version
+        self._identity = b""
         self._bounds = Bounds(num_layers=self.num_layers)
         self.counters = ProtocolCounters()
         self._stats: Counter[str] = Counter()
@@ -162,7 +180,7 @@ class ParameterServer:
         }
         self._commands: dict[str, Callable[[Header], Reply]] = {
             "step": self._step, "get_state": self._get_state, "set_state": self._set_state,
-            "get_weights": self._get_weights,
+            "get_weights": self._get_weights, "configure": self._configure, "wait_version": self._wait_version,
         }
 
     # ------------------------------------------------------------------------- lifecycle
@@ -224,13 +242,18 @@ class ParameterServer:
         identity = frames[0].bytes
         self._stats["bytes_in"] += sum(f.buffer.nbytes for f in frames[1:])
         header: Header | None = None
+        self._identity = identity
         try:
             header, tensors = decode(frames[1:], self._bounds, check_finite=True)
             handler = self._handlers.get(header.op)
             if handler is None:
                 raise ProtocolError("unknown_op", f"the parameter server does not handle {header.op.value}",
                                     req=header.req)
-            reply, out = handler(header, tensors)
+            answer = handler(header, tensors)
+            if answer is None:  # deferred: answered when the version it waits for exists
+                self._deferred.append((identity, header))
+                return
+            reply, out = answer
         except ProtocolError as exc:
             self.counters.count(exc)
             if header is not None and header.op not in REQUESTS:
@@ -244,8 +267,20 @@ class ParameterServer:
         except ProtocolError as exc:  # our own reply is unencodable (a bug): still answer
             self.counters.count(ProtocolError("internal", exc.message))
             payload = encode(error_reply(header, exc))
+        self._send(identity, payload)
+
+    def _send(self, identity: bytes, payload: list) -> None:
         self._stats["bytes_out"] += sum(memoryview(f).nbytes for f in payload)
         self._socket.send_multipart([identity, *payload], copy=False)
+
+    def _answer_deferred(self) -> None:
+        waiting, self._deferred = self._deferred, []
+        for identity, header in waiting:
+            answer = self._commands[header.meta["command"]](header)
+            if answer is None:
+                self._deferred.append((identity, header))
+            else:
+                self._send(identity, encode(*answer))
 
     # ------------------------------------------------------------------------- requests
 
@@ -266,7 +301,19 @@ class ParameterServer:
 
     def _pull(self, header: Header, tensors: list[np.ndarray]) -> Reply:
         key = self._stash_key(header)
-        if header.version is None:
+        wanted = header.meta.get("weights")
+        if wanted is not None and wanted not in WEIGHT_REQUESTS:
+            raise ProtocolError("bad_field", f"meta['weights'] must be one of {', '.join(WEIGHT_REQUESTS)}, "
+                                f"got {wanted!r:.40}", req=header.req)
+        if wanted == "stash":
+            version = self._pins.get(key)
+            if version is None:
+                raise ProtocolError("out_of_range", f"no weights stashed for part {key[0]} layer {key[1]} epoch "
+                                    f"{key[2]} interval {key[3]} (pinned by its forward pull, released when "
+                                    "the epoch is stepped)", req=header.req)
+        elif wanted == "newest":
+            version = self._version
+        elif wanted == "pin" or header.version is None:
             version = self._pins.setdefault(key, self._version)
         elif header.version in self._versions:
             version = header.version
@@ -277,14 +324,10 @@ class ParameterServer:
                 f"{self._version}, stashed {sorted(self._versions)}); a version is kept while a stash key pins it",
                 req=header.req)
         weights = self._versions[version][header.layer]
-        if header.meta.get("release") is True:
-            self._release(key)
-        self._stats["pulls"] += 1
-        return reply_to(header, Op.WEIGHTS, version=version, names=("W",)), [weights]
-
-    def _release(self, key: StashKey) -> None:
-        if self._pins.pop(key, None) is not None:
+        if header.meta.get("release") is True and self._pins.pop(key, None) is not None:
             self._free_unpinned()
+        self._stats["pulls"] += 1
+        return reply_to(header, Op.WEIGHTS, version=version, names=("W",), meta={"newest": self._version}), [weights]
 
     def _free_unpinned(self) -> None:
         keep = set(self._pins.values()) | {self._version}
@@ -308,15 +351,25 @@ class ParameterServer:
             raise ProtocolError("out_of_range", f"gradient computed with version {header.version}, "
                                 f"but the newest version is {self._version}", req=header.req)
         key = self._stash_key(header)
-        self._release(key)  # the gradient is the stashed weights' last use (DESIGN §3)
         self._stats["pushes"] += 1
         buffer = self._grads.setdefault((header.epoch, layer), {}) if header.epoch not in self._stepped else None
         slot = (key[0], header.interval)
         if buffer is None or slot in buffer:
             self._stats["duplicates"] += 1
+            self._stats["dropped"] += 1
             return reply_to(header, Op.ACK, meta={"duplicate": True}), []
         buffer[slot] = grad.copy()  # the received frame belongs to ZeroMQ
+        self._step_when_complete()
         return reply_to(header, Op.ACK, meta={"duplicate": False}), []
+
+    def _step_when_complete(self) -> None:
+        """With ``configure``d counts: step every next epoch whose gradients are all in."""
+        while self._expected is not None:
+            epoch = self._epoch + 1
+            if any(len(self._grads.get((epoch, layer), ())) < self._expected for layer in range(self.num_layers)):
+                return
+            self._apply_step(epoch)
+            self._answer_deferred()
 
     def _command(self, header: Header, tensors: list[np.ndarray]) -> Reply:
         name = header.meta.get("command")
@@ -333,7 +386,8 @@ class ParameterServer:
 
     def _stats_reply(self, header: Header, tensors: list[np.ndarray]) -> Reply:
         meta: dict[str, Any] = {name: self._stats[name] for name in
-                                ("pulls", "pushes", "duplicates", "steps", "bytes_in", "bytes_out")}
+                                ("pulls", "pushes", "duplicates", "applied", "dropped", "steps", "bytes_in",
+                                 "bytes_out")}
         errors = self.counters.as_dict()
         meta.update(version=self._version, epoch=self._epoch, pinned=len(self._pins),
                     stashed_versions=len(self._versions), pending_grads=sum(map(len, self._grads.values())),
@@ -362,8 +416,17 @@ class ParameterServer:
             if expected is not None and len(buffer) != expected:
                 raise ProtocolError("incomplete", f"step epoch {epoch}: layer {layer} expected {expected} gradient "
                                     f"contributions, received {len(buffer)}", req=header.req)
+        grads = self._apply_step(epoch)
+        self._answer_deferred()
+        return reply_to(header, Op.ACK, version=self._version, meta={"version": self._version, "grads": grads}), []
+
+    def _apply_step(self, epoch: int) -> int:
+        """Sum and apply epoch ``epoch``'s gradients; returns how many were summed."""
         import torch
 
+        from dorylus.optim import optimizer_arrays
+
+        buffers = [self._grads.get((epoch, layer), {}) for layer in range(self.num_layers)]
         for param, buffer in zip(self._params, buffers):
             total = np.zeros(buffer[min(buffer)].shape, np.float64)
             for slot in sorted(buffer):
@@ -376,23 +439,51 @@ class ParameterServer:
         self._stepped.add(epoch)
         for layer in range(self.num_layers):
             del self._grads[(epoch, layer)]
+        for key in [k for k in self._pins if k[2] <= epoch]:  # the stepped epoch's pins had their last use
+            del self._pins[key]
         self._free_unpinned()
+        self._states[self._version] = {k: v.copy() for k, v in optimizer_arrays(self._optimizer).items()}
+        for version in sorted(self._states)[:-KEPT_STATES]:
+            del self._states[version]
+        applied = sum(map(len, buffers))
         self._stats["steps"] += 1
-        return reply_to(header, Op.ACK, version=self._version,
-                        meta={"version": self._version, "grads": sum(map(len, buffers))}), []
+        self._stats["applied"] += applied
+        return applied
+
+    def _configure(self, header: Header) -> Reply:
+        self._expected = _meta_int(header, "expected")
+        if self._expected < 1:
+            raise ProtocolError("bad_field", "meta['expected'] must be >= 1", req=header.req)
+        self._step_when_complete()
+        return reply_to(header, Op.ACK, meta={"expected": self._expected}), []
+
+    def _wait_version(self, header: Header) -> Reply | None:
+        if _meta_int(header, "version") > self._version:
+            return None
+        return reply_to(header, Op.ACK, version=self._version, meta={"version": self._version}), []
 
     def _get_weights(self, header: Header) -> Reply:
         names = tuple(f"W{layer}" for layer in range(self.num_layers))
         return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=names,
                          meta={"version": self._version}), list(self._versions[self._version]))
 
-    def _get_state(self, header: Header) -> Reply:
+    def _get_state(self, header: Header) -> Reply | None:
         from dorylus.optim import optimizer_arrays
 
-        arrays = {f"W{layer}": w for layer, w in enumerate(self._versions[self._version])}
-        arrays.update(optimizer_arrays(self._optimizer))
-        meta = {"version": self._version, "epoch": self._epoch, "optimizer": self.optimizer_name}
-        return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=tuple(arrays), meta=meta),
+        version = self._version if header.meta.get("version") is None else _meta_int(header, "version")
+        if version > self._version:
+            return None
+        if version == self._version:
+            optimizer = optimizer_arrays(self._optimizer)
+        elif version in self._states and version in self._versions:
+            optimizer = self._states[version]
+        else:
+            raise ProtocolError("out_of_range", f"get_state: the state of version {version} is no longer kept "
+                                f"(newest {self._version}, kept {sorted(self._states)})", req=header.req)
+        arrays = {f"W{layer}": w for layer, w in enumerate(self._versions[version])}
+        arrays.update(optimizer)
+        meta = {"version": version, "epoch": version, "optimizer": self.optimizer_name}
+        return (reply_to(header, Op.WEIGHTS, layer=0, version=version, names=tuple(arrays), meta=meta),
                 list(arrays.values()))
 
     def _set_state(self, header: Header, tensors: list[np.ndarray]) -> Reply:
@@ -431,6 +522,7 @@ class ParameterServer:
         self._versions = {version: _frozen(weights)}
         self._pins.clear()   # pins of the old timeline name versions that no longer exist
         self._grads.clear()
+        self._states = {version: {k: np.array(v) for k, v in arrays.items()}}
         return reply_to(header, Op.ACK, version=version, meta={"version": version, "epoch": epoch}), []
 
 

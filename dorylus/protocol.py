@@ -165,8 +165,9 @@ class Op(str, enum.Enum):
     ERROR = "ERROR"
 
 
-# Task kinds (DESIGN §2). AV_LOSS is the fused last layer: forward, loss and backward in one call.
-FUNCTION_TASKS = frozenset({"AV", "AE", "AV_BWD", "AE_BWD", "AV_LOSS"})
+# Task kinds (DESIGN §2). AV_LOSS is a fused last layer: its product, the loss and their backward
+# in one call; LOSS the loss alone (a last layer that projects before its Gather).
+FUNCTION_TASKS = frozenset({"AV", "AE", "AV_BWD", "AE_BWD", "AV_LOSS", "LOSS"})
 SCATTER_TASKS = frozenset({"SC", "SC_BWD"})
 TASK_KINDS = FUNCTION_TASKS | SCATTER_TASKS | {"GA", "GA_BWD"}
 ROLES = frozenset({"function", "graphserver", "paramserver", "coordinator"})

@@ -86,8 +86,8 @@ class ReferenceTrainer:
         logits = self.model(self.adj, self.features, epoch, training=False)
         return {f"{name}_acc": accuracy(logits, self.labels, mask) for name, mask in self.masks.items()}
 
-    def state(self) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """Weights and optimizer state (see :mod:`dorylus.optim`), copies."""
+    def state(self, epoch: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """Weights and optimizer state after ``epoch`` (the latest step) (see :mod:`dorylus.optim`), copies."""
         return [w.detach().numpy().copy() for w in self.model.weights], optimizer_arrays(self.optimizer)
 
     def restore(self, weights: list[np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
@@ -259,7 +259,7 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
             metrics = trainer.step(epoch)
             run.log_epoch(metrics)
             bar.update(metrics)
-            latest = Checkpoint(epoch, *trainer.state(), identity=identity)
+            latest = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
             if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
                 run.save_checkpoint(latest)
                 saved = epoch
@@ -276,5 +276,7 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
     if "cost_usd" in history[0]:
         summary["total_cost_usd"] = sum(m["cost_usd"] for m in history)
         summary["invocations"] = sum(m["invocations"] for m in history)
+    if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
+        summary["gradients"] = trainer.grad_counts()
     run.write_summary(summary)
     return summary

@@ -1,17 +1,15 @@
-"""The graph server process: owns one partition, runs Gather/Scatter, drives the tensor tasks.
+"""The graph server process: owns one partition, runs Gather/Scatter and its intervals' epochs.
 
 One asyncio loop serves a ROUTER socket that functions (PULL/PUSH), peer graph servers
-(GHOSTS) and the coordinator (COMMAND) all talk to. The coordinator runs training as phases;
-each COMMAND is one phase on every graph server:
+(GHOSTS) and the coordinator (COMMAND, STATS, HELLO) talk to. The model's plan says what runs
+(:mod:`dorylus.models`), the backend where its tensor work runs (:mod:`graphserver.backends`),
+and the scheduler in which order and under which mode (:mod:`graphserver.scheduler`,
+:mod:`graphserver.modes`). Commands:
 
-* ``forward`` (epoch, layer, training, version): per interval, GA of its rows and then its AV
-  task (the fused AV_LOSS on the last layer), intervals overlapping; then SC: send the new rows
-  that peers hold as ghosts and wait for theirs. The wait is the synchronous barrier.
-* ``backward`` (epoch, layer >= 1, version): GA_BWD (``A_hat^T · dZ_l``), SC_BWD (ghost-row
-  gradients go back to their owners and are summed in peer order), then AV_BWD of layer l-1.
-
-The phase structure is the scheduling policy: pipelining and bounded staleness (DESIGN §3) change
-what a phase waits for (per-interval readiness instead of the Scatter barrier), not the tasks.
+* ``connect`` {peers}: dial the other graph servers.
+* ``train`` {first, last, epochs, eval_every}: run epochs ``first..last`` in the background.
+* ``progress`` {min_epoch}: take the finished epochs' reports (JSON in ``meta["reports"]``);
+  ``min_epoch`` is the coordinator's oldest epoch not finished everywhere (the async gate).
 """
 
 from __future__ import annotations
@@ -22,9 +20,11 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
+import json
 import signal
 import sys
 import time
+import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,15 +38,15 @@ from dorylus.config import TrainConfig, load_config_file
 from dorylus.endpoints import check_endpoint
 from dorylus.errors import ConfigError
 from dorylus.lifecycle import stop_with_parent
+from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
 from dorylus.runs import atomic_write_text
-from graphserver.invoker import LambdaInvoker, TaskFailed, describe
-from lambdas.handler import PULL_NAMES, compute_task, task_header
+from graphserver.invoker import TaskFailed
+from graphserver.modes import get_mode
 
-
-PASSES = ("setup", "train", "eval")  # kinds of ghost exchange: features once, then per epoch
+PASSES = ("train", "eval")
 
 
 class AsyncPeer:
@@ -90,28 +90,43 @@ class GraphServer:
         self.num_parts = store.num_parts
         self.config = config
         self.spec = ModelSpec.from_config(config, self.meta.num_features, self.meta.num_classes)
+        self.model = get_model(config.model)
+        self.plan = self.model.build_plan(self.spec)
+        self.stages = {(p, s.task, s.layer): s for p, stages in (("train", self.plan.train),
+                                                                  ("eval", self.plan.evaluate)) for s in stages}
+        self.mode = get_mode(config.mode, config.staleness)
         from graphserver.state import PartitionState  # torch: kept out of the module so `--help` is fast
 
-        self.state = PartitionState(store.load_part(part_id), self.spec, seed=config.seed,
+        self.state = PartitionState(store.load_part(part_id), self.plan,
                                     row_normalize_features=config.row_normalize_features,
-                                    num_intervals=config.functions)
+                                    num_intervals=config.intervals)
         self.bounds = Bounds(num_rows=self.state.n_owned, intervals=self.state.intervals,
                              num_layers=len(self.spec.layers))
         self.param_server = param_server
-        self.backend = config.backend
-        self.invoker = LambdaInvoker(lambda_endpoint, function_name, concurrency=config.functions,
-                                     timeout_s=config.task_timeout_s) if config.backend == "lambda" else None
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=config.functions)
+        self.run_token = uuid.uuid4().hex[:12]
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, config.intervals))
+        from graphserver.backends import make_backend
+
+        self.backend = make_backend(config.backend, self, concurrency=config.functions or config.intervals,
+                                    lambda_endpoint=lambda_endpoint, function_name=function_name)
         self.ctx = zmq.asyncio.Context()
         self.router: zmq.asyncio.Socket | None = None
         self.peers: dict[int, AsyncPeer] = {}
         self.ps: AsyncPeer | None = None
+        self.ps_wait: AsyncPeer | None = None  # wait_version requests block: not on the pulls' socket
         self.endpoint = ""
-        # The phase in progress: pushes for any other (task, epoch, layer) are stale and dropped.
-        self.active: set[tuple[str, int, int]] = set()
-        self.pushed: dict[tuple, dict[str, Any]] = {}
-        self.inbox: dict[tuple[str, str, int, int], dict[int, np.ndarray]] = defaultdict(dict)
+        # Results pushed by functions: (pass, task, layer, epoch, interval) -> meta; the first push wins.
+        self.results: dict[tuple, dict[str, Any]] = {}
+        self.accepted: set[tuple] = set()
+        # Ghost rows from peers: (pass, SC | SC_BWD, buffer) -> peer -> (epoch, rows); the newest kept.
+        self.inbox: dict[tuple[str, str, str], dict[int, tuple[int, np.ndarray]]] = defaultdict(dict)
         self.inbox_changed = asyncio.Event()
+        self.min_epoch = 0
+        self.gate_changed = asyncio.Event()
+        self.reports: list[dict[str, Any]] = []
+        self.scheduler = None
+        self.training: asyncio.Task | None = None
+        self.failure: str | None = None
         self.in_flight: dict[str, float] = {}  # function calls running: description -> start (monotonic)
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
@@ -130,14 +145,20 @@ class GraphServer:
                               f"{zmq.strerror(exc.errno).lower()}") from None
         self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
         self.ps = AsyncPeer(self.ctx, self.param_server, "parameter server")
+        self.ps_wait = AsyncPeer(self.ctx, self.param_server, "parameter server")
         if ready_file:
             atomic_write_text(Path(ready_file), self.endpoint)
         print(f"graph server {self.part_id} listening on {self.endpoint}", flush=True)
         receiver = asyncio.create_task(self._receive_loop())
         await self.stopping.wait()
         receiver.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiver
+        if self.training is not None:
+            self.training.cancel()
+        for task in (receiver, self.training):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self.backend.close()
         self.close()
 
     async def _receive_loop(self) -> None:
@@ -172,7 +193,7 @@ class GraphServer:
             self._accept_ghosts(header, tensors)
             await self._reply(identity, protocol.reply_to(header, Op.ACK))
         elif header.op is Op.COMMAND:
-            asyncio.create_task(self._run_command(identity, header))
+            await self._command(identity, header)
         elif header.op is Op.HELLO:
             await self._reply(identity, protocol.reply_to(header, Op.READY, meta={"part": self.part_id}))
         elif header.op is Op.STATS:
@@ -192,50 +213,91 @@ class GraphServer:
 
     def _read_rows(self, header: Header) -> list[np.ndarray]:
         start, stop = header.rows
-        s = self.state
-        sources = {
-            "Z": lambda: s.Z[header.layer],
-            "ids": lambda: s.owned_ids,
-            "GH": lambda: s.GH[header.layer + 1],
-            "labels": lambda: s.labels,
-            "split": lambda: s.split,
-        }
-        unknown = [n for n in header.names if n not in sources]
+        unknown = [n for n in header.names if n not in self.state.static and n not in self.state.buffers]
         if unknown:
             raise ProtocolError("bad_field", f"unknown tensor name(s) {unknown}", req=header.req)
-        if "GH" in header.names and header.layer + 1 not in s.GH:
-            raise ProtocolError("out_of_range", f"no GH for layer {header.layer + 1}", req=header.req)
-        return [sources[name]()[start:stop] for name in header.names]
+        return [self.state.rows(name)[start:stop] for name in header.names]
 
     def _accept_push(self, header: Header, tensors: list[np.ndarray]) -> bool:
-        """Store a task's result rows; True if it was a duplicate (or stale) and was dropped."""
-        key = header.key
-        if (header.task, header.epoch, header.layer) not in self.active or key in self.pushed:
+        """A function's result rows; True if it was a duplicate (or for no known stage) and dropped."""
+        pass_ = header.meta.get("pass", "train")
+        stage = self.stages.get((pass_, header.task, header.layer))
+        if stage is None:
+            raise ProtocolError("bad_field", f"no stage {header.task} layer {header.layer} in the {pass_!r} pass",
+                                req=header.req)
+        if tuple(header.names) != stage.writes:
+            raise ProtocolError("bad_field", f"{header.task} layer {header.layer} must push {list(stage.writes)}, "
+                                f"got {list(header.names)}", req=header.req)
+        for name, rows in zip(header.names, tensors):
+            buffer = self.state.buffers[name]
+            if rows.ndim != 2 or rows.shape[1] != buffer.shape[1] or rows.dtype != np.float32:
+                raise ProtocolError("dest_mismatch", f"{name} rows must be float32 [n, {buffer.shape[1]}], got "
+                                    f"{rows.dtype}{list(rows.shape)}", req=header.req)
+        meta = {k: v for k, v in header.meta.items() if k != "pass"}
+        return self.accept_result(pass_, header.task, header.layer, header.epoch, header.interval, tensors, meta,
+                                  rows_range=header.rows)
+
+    def accept_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int,
+                      rows: Sequence[np.ndarray], meta: dict[str, Any], *, rows_range=None) -> bool:
+        """Store a stage's result for one interval (from a function's PUSH or the cpu backend);
+        True if a result for the same key was already accepted, in which case nothing is written."""
+        key = (pass_, task, layer, epoch, interval)
+        if key in self.accepted:
             self.counters["duplicate_pushes"] += 1
             return True
-        s = self.state
-        # What each task pushes, and where it goes: AV the next layer's input rows, the others dL/dZ.
-        if header.task == "AV":
-            expected, dest = ("H",), s.H[header.layer + 1][: s.n_owned]
-        elif header.task == "AV_BWD":
-            expected, dest = ("GZ",), s.GZ[header.layer]
-        else:  # AV_LOSS; an evaluation pass pushes only its counts
-            expected, dest = (("GZ",) if header.names else ()), s.GZ[header.layer]
-        if tuple(header.names) != expected:
-            raise ProtocolError("bad_field", f"{header.task} must push {list(expected)}, got {list(header.names)}",
-                                req=header.req)
-        if expected:
-            protocol.write_rows(dest, header, tensors[0])
-        self.pushed[key] = dict(header.meta)
+        stage = self.stages[(pass_, task, layer)]
+        a, b = self.state.intervals[interval] if rows_range is None else rows_range
+        for name, values in zip(stage.writes, rows):
+            self.state.buffers[name][a:b] = values
+        self.accepted.add(key)
+        self.results[key] = meta
         return False
 
+    def take_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int) -> dict[str, Any]:
+        key = (pass_, task, layer, epoch, interval)
+        if key not in self.results:
+            raise TaskFailed(f"{task} interval {interval} epoch {epoch} layer {layer} on graph server "
+                             f"{self.part_id}: the function returned without pushing its result")
+        return self.results.pop(key)
+
+    def forget_before(self, epoch: int) -> None:
+        """Drop the duplicate-detection keys of epochs before ``epoch`` (their stages are long done)."""
+        self.accepted = {k for k in self.accepted if k[3] >= epoch}
+
+    def run_vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
+        a, b = self.state.intervals[interval]
+        rows = [self.state.rows(name)[a:b] for name in stage.reads]
+        result = self.model.compute(stage.task, stage.layer, rows, None, self.stage_args(stage, pass_, epoch))
+        for name, values in zip(stage.writes, result.rows):
+            self.state.buffers[name][a:b] = values
+
+    def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
+        return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",
+                "train_count": self.meta.train_count}
+
+    def event(self, stage, pass_: str, epoch: int, interval: int) -> dict[str, Any]:
+        """The invoke payload of ``stage`` on ``interval`` (see :mod:`lambdas.handler`)."""
+        start, stop = self.state.intervals[interval]
+        return {
+            "model": self.config.model, "task": stage.task, "layer": stage.layer, "reads": list(stage.reads),
+            "writes": list(stage.writes), "weights": stage.weights, "grad": stage.grad and pass_ == "train",
+            "args": self.stage_args(stage, pass_, epoch),
+            "graph_server": self.endpoint, "param_server": self.param_server, "part": self.part_id,
+            "interval": interval, "rows": [start, stop], "epoch": epoch, "pass": pass_, "attempt": 0,
+            "run": self.run_token,
+        }
+
     def _accept_ghosts(self, header: Header, tensors: list[np.ndarray]) -> None:
-        tag = header.meta.get("pass", "train")
-        if tag not in PASSES:
-            raise ProtocolError("bad_field", f"GHOSTS pass {tag!r} is not one of {', '.join(PASSES)}", req=header.req)
+        pass_ = header.meta.get("pass", "train")
+        if pass_ not in PASSES:
+            raise ProtocolError("bad_field", f"GHOSTS pass {pass_!r} is not one of {', '.join(PASSES)}",
+                                req=header.req)
         peer = header.part
         if peer is None or not 0 <= peer < self.num_parts or peer == self.part_id:
             raise ProtocolError("out_of_range", f"GHOSTS from invalid part {peer}", req=header.req)
+        if len(header.names) != 1 or header.names[0] not in self.state.buffers:
+            raise ProtocolError("bad_field", f"GHOSTS must name one buffer, got {list(header.names)}", req=header.req)
+        name = header.names[0]
         part = self.state.part
         expected = (len(range(*part.ghost_rows(peer).indices(part.n_local))) if header.task == "SC"
                     else len(part.send_rows(peer)))
@@ -243,45 +305,44 @@ class GraphServer:
             raise ProtocolError("row_count", f"GHOSTS {header.task} from part {peer} must carry rows [0, {expected})",
                                 req=header.req)
         rows = tensors[0]
-        width = self._width(header.layer)
+        width = self.state.buffers[name].shape[1]
         if rows.ndim != 2 or rows.shape[1] != width or rows.dtype != np.float32:
-            raise ProtocolError("dest_mismatch", f"GHOSTS rows must be float32 [n, {width}], got {rows.dtype}{list(rows.shape)}",
-                                req=header.req)
-        key = (tag, header.task, header.epoch, header.layer)
-        if peer in self.inbox[key]:
+            raise ProtocolError("dest_mismatch", f"GHOSTS rows must be float32 [n, {width}], got "
+                                f"{rows.dtype}{list(rows.shape)}", req=header.req)
+        slot = self.inbox[(pass_, header.task, name)]
+        if peer in slot and slot[peer][0] >= header.epoch:
             self.counters["duplicate_ghosts"] += 1
-        else:
-            self.inbox[key][peer] = rows.copy()
-            self.inbox_changed.set()
+            return
+        slot[peer] = (header.epoch, rows.copy())
+        self.inbox_changed.set()
 
-    def _width(self, layer: int) -> int:
-        if layer is None or not 0 <= layer < len(self.spec.layers):
-            raise ProtocolError("out_of_range", f"layer {layer} out of range")
-        return self.spec.layers[layer].in_dim
+    async def send_ghosts(self, task: str, pass_: str, epoch: int, layer: int, name: str,
+                          rows_by_peer: dict[int, np.ndarray]) -> None:
+        timeout = self.config.task_timeout_s
 
-    # ------------------------------------------------------------------ phases
+        async def send(j: int, rows: np.ndarray) -> None:
+            rows = np.ascontiguousarray(rows)
+            self.counters["ghost_bytes_out"] += rows.nbytes
+            await self.peers[j].request(Header(Op.GHOSTS, task=task, epoch=epoch, layer=layer, part=self.part_id,
+                                               rows=(0, rows.shape[0]), names=(name,), meta={"pass": pass_}),
+                                        [rows], timeout=timeout)
 
-    async def _run_command(self, identity: bytes, header: Header) -> None:
-        m = header.meta
-        try:
-            command = m.get("command")
-            if command == "connect":
-                result = await self.connect([e for e in str(m["peers"]).split(",")])
-            elif command == "forward":
-                result = await self.forward(int(m["epoch"]), int(m["layer"]), bool(m["training"]), int(m["version"]))
-            elif command == "backward":
-                result = await self.backward(int(m["epoch"]), int(m["layer"]), int(m["version"]))
-            else:
-                raise ValueError(f"unknown command {command!r}")
-            result.update(self._take_traffic())
-            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta=result))
-        except Exception as exc:  # reported to the coordinator, which stops the run
-            message = f"graph server {self.part_id}: {type(exc).__name__}: {exc}" if not isinstance(exc, TaskFailed) else str(exc)
-            reply = Header(Op.ERROR, req=header.req, code="internal", message=message[: protocol.MAX_MESSAGE_CHARS])
-            await self._reply(identity, reply)
+        await asyncio.gather(*(send(j, rows) for j, rows in rows_by_peer.items()))
 
-    def _take_traffic(self) -> dict[str, int]:
-        """Tensor bytes moved since the last phase reply, by kind of peer."""
+    async def wait_version(self, version: int) -> int:
+        """Block until the parameter server has weight version ``version``; returns its newest."""
+        if version < 0:
+            return version
+        reply, _ = await self.ps_wait.request(Header(Op.COMMAND, meta={"command": "wait_version",
+                                                                        "version": version}),
+                                              timeout=self.config.task_timeout_s)
+        return int(reply.meta["version"])
+
+    async def run_in_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def take_traffic(self) -> dict[str, int]:
+        """Tensor bytes moved since the last report, by kind of peer."""
         traffic = {"bytes_functions": int(self.counters.pop("bytes_in", 0) + self.counters.pop("bytes_out", 0)),
                    "bytes_ghosts": int(self.counters.pop("ghost_bytes_out", 0))}
         if self.ps is not None:
@@ -289,160 +350,66 @@ class GraphServer:
             self.ps.bytes_out = 0
         return traffic
 
-    async def connect(self, endpoints: list[str]) -> dict[str, Any]:
-        if len(endpoints) != self.num_parts:
-            raise ValueError(f"connect needs {self.num_parts} endpoints, got {len(endpoints)}")
-        for j, endpoint in enumerate(endpoints):
-            if j != self.part_id and j not in self.peers:
-                self.peers[j] = AsyncPeer(self.ctx, endpoint, f"graph server {j}")
-        # Static features of ghost vertices travel once; dropout is applied locally per epoch.
-        await self._scatter(0, 0, self.state.X, "setup")
-        return {"ghosts": int(self.state.part.n_ghost), "intervals": len(self.state.intervals)}
+    # ------------------------------------------------------------------ commands
 
-    async def _scatter(self, epoch: int, layer: int, buffer: np.ndarray, tag: str) -> None:
-        """SC: peers get our rows of ``buffer`` that they hold as ghosts; theirs fill our ghost rows."""
-        await self._exchange("SC", epoch, layer, buffer, tag)
-        received = self.inbox.pop((tag, "SC", epoch, layer), {})
-        for j in self.peers:
-            buffer[self.state.part.ghost_rows(j)] = received[j]
+    async def _command(self, identity: bytes, header: Header) -> None:
+        m = header.meta
+        command = m.get("command")
+        if command == "connect":
+            asyncio.create_task(self._connect(identity, header, [e for e in str(m["peers"]).split(",")]))
+            return
+        if command == "train":
+            from graphserver.scheduler import Scheduler
 
-    async def forward(self, epoch: int, layer: int, training: bool, version: int) -> dict[str, Any]:
-        s, L = self.state, len(self.spec.layers)
-        last = layer == L - 1
-        start = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        source = await loop.run_in_executor(self.executor, s.gather_input, layer, epoch, training)
-        gather_s = time.perf_counter() - start
-
-        async def gather(interval: int) -> None:  # GA of an interval; its AV starts right after
-            nonlocal gather_s
-            t = time.perf_counter()
-            await loop.run_in_executor(self.executor, s.gather, layer, interval, source)
-            gather_s += time.perf_counter() - t
-
-        results = await self._run_tasks("AV_LOSS" if last else "AV", epoch, layer, training, version, gather)
-        av = time.perf_counter()
-        out: dict[str, Any] = {"ga_s": gather_s, "av_s": av - start}
-        if last:
-            for name in ("loss", "correct_train", "correct_val", "correct_test"):
-                out[name] = sum(r[name] for r in results)
+            if self.training is not None and not self.training.done():
+                raise ProtocolError("bad_command", "already training", req=header.req)
+            self.scheduler = Scheduler(self, first=int(m["first"]), last=int(m["last"]), epochs=int(m["epochs"]),
+                                       eval_every=int(m["eval_every"]))
+            self.failure = None
+            self.training = asyncio.create_task(self._train())
+            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={"intervals": len(self.state.intervals)}))
+        elif command == "progress":
+            if int(m.get("min_epoch", 0)) > self.min_epoch:
+                self.min_epoch = int(m["min_epoch"])
+                self.gate_changed.set()
+            if self.failure is not None:
+                raise TaskFailed(self.failure)
+            reports, self.reports = self.reports, []
+            done = self.training is not None and self.training.done()
+            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={
+                "reports": json.dumps(reports), "done": done}))
         else:
-            await self._scatter(epoch, layer + 1, s.H[layer + 1], "train" if training else "eval")
-            out["sc_s"] = time.perf_counter() - av
-        return out
+            raise ProtocolError("bad_command", f"unknown command {command!r:.40}", req=header.req)
 
-    async def backward(self, epoch: int, layer: int, version: int) -> dict[str, Any]:
-        if layer < 1:
-            raise ValueError("backward phases run for layers >= 1 (no gradient flows into the input features)")
-        s = self.state
-        start = time.perf_counter()
-        local = await asyncio.get_running_loop().run_in_executor(self.executor, s.gather_backward, layer)
-        ga = time.perf_counter()
-        await self._exchange("SC_BWD", epoch, layer, local, "train")
-        grad = s.GH[layer]
-        grad[:] = local[: s.n_owned]
-        received = self.inbox.pop(("train", "SC_BWD", epoch, layer), {})
-        for j in sorted(self.peers):  # fixed order: the sum does not depend on arrival order
-            grad[s.part.send_rows(j)] += received[j]
-        sc = time.perf_counter()
-        await self._run_tasks("AV_BWD", epoch, layer - 1, True, version)
-        return {"ga_bwd_s": ga - start, "sc_bwd_s": sc - ga, "av_bwd_s": time.perf_counter() - sc}
-
-    async def _exchange(self, task: str, epoch: int, layer: int, source: np.ndarray, tag: str) -> None:
-        """Send every peer its rows of ``source`` and wait until every peer's rows arrived.
-        ``tag`` (one of PASSES) keeps the exchanges of one epoch's training and evaluation passes apart."""
-        s = self.state
-        timeout = self.config.task_timeout_s
-
-        async def send(j: int) -> None:
-            rows = source[s.part.send_rows(j)] if task == "SC" else source[s.part.ghost_rows(j)]
-            self.counters["ghost_bytes_out"] += rows.nbytes
-            await self.peers[j].request(Header(Op.GHOSTS, task=task, epoch=epoch, layer=layer, part=self.part_id,
-                                               rows=(0, rows.shape[0]), meta={"pass": tag}), [rows], timeout=timeout)
-
-        await asyncio.gather(*(send(j) for j in self.peers))
-        key = (tag, task, epoch, layer)
-        deadline = time.monotonic() + timeout
-        while len(self.inbox[key]) < len(self.peers):
-            self.inbox_changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(self.peers) - set(self.inbox[key]))
-                raise TaskFailed(f"graph server {self.part_id}: {task} epoch {epoch} layer {layer}: "
-                                 f"no rows from graph server(s) {missing} within {timeout:.0f} s")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.inbox_changed.wait(), remaining)
-
-    async def _run_tasks(self, task: str, epoch: int, layer: int, training: bool, version: int,
-                         before=None) -> list[dict]:
-        """One task per interval, through the backend, each after ``await before(interval)`` if
-        given (so graph work on one interval overlaps function work on another); returns each
-        interval's pushed meta."""
-        phase = (task, epoch, layer)
-        self.active = {phase}
-        events = [self._event(task, epoch, layer, i, training, version) for i in range(len(self.state.intervals))]
-        run = self._run_local if self.backend == "cpu" else self._run_remote
-
-        async def pipeline(event: dict[str, Any]) -> None:
-            if before is not None:
-                await before(event["interval"])
-            call = describe(event)
-            self.in_flight[call] = time.monotonic()
-            try:
-                await run(event)
-            finally:
-                del self.in_flight[call]
-
+    async def _connect(self, identity: bytes, header: Header, endpoints: list[str]) -> None:
         try:
-            await asyncio.gather(*(pipeline(e) for e in events))
-            results = []
-            for e in events:
-                key = (task, e["interval"], epoch, layer)
-                if key not in self.pushed:
-                    raise TaskFailed(f"{task} interval {e['interval']} epoch {epoch} layer {layer} on graph server "
-                                     f"{self.part_id}: the function returned without pushing its result")
-                results.append(self.pushed.pop(key))
-            return results
-        finally:
-            self.active = set()
-            for key in [k for k in self.pushed if (k[0], k[2], k[3]) == phase]:
-                del self.pushed[key]
+            if len(endpoints) != self.num_parts:
+                raise ValueError(f"connect needs {self.num_parts} endpoints, got {len(endpoints)}")
+            for j, endpoint in enumerate(endpoints):
+                if j != self.part_id and j not in self.peers:
+                    self.peers[j] = AsyncPeer(self.ctx, endpoint, f"graph server {j}")
+            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={
+                "ghosts": int(self.state.part.n_ghost), "intervals": len(self.state.intervals)}))
+        except Exception as exc:
+            await self._reply(identity, protocol.error_reply(header, exc))
 
-    def _event(self, task: str, epoch: int, layer: int, interval: int, training: bool, version: int) -> dict[str, Any]:
-        layers = self.spec.layers
-        start, stop = self.state.intervals[interval]
-        next_dropout = layers[layer + 1].dropout if layer + 1 < len(layers) else 0.0
-        return {
-            "task": task, "graph_server": self.endpoint, "param_server": self.param_server,
-            "part": self.part_id, "interval": interval, "rows": [start, stop], "epoch": epoch, "layer": layer,
-            "version": version, "attempt": 0, "training": training, "seed": self.config.seed,
-            "next_dropout": next_dropout, "train_count": self.meta.train_count,
-        }
-
-    async def _run_remote(self, event: dict[str, Any]) -> None:
-        self.counters["invocations"] += 1
-        await self.invoker.invoke(event)
-
-    async def _run_local(self, event: dict[str, Any]) -> None:
-        """The ``cpu`` backend: the function's math in this process, no invoke and no tensor hop."""
-        timeout = self.config.task_timeout_s
-        pull = task_header(Op.PULL, event, names=PULL_NAMES[event["task"]])
-        rows = dict(zip(pull.names, self._read_rows(pull)))
-        reply, (w,) = await self.ps.request(Header(Op.PULL_WEIGHTS, layer=event["layer"], epoch=event["epoch"],
-                                                   interval=event["interval"], version=event["version"]),
-                                            timeout=timeout)
-        out = await asyncio.get_running_loop().run_in_executor(self.executor, compute_task, event, rows, w)
-        if out.grad_w is not None:
-            await self.ps.request(Header(Op.PUSH_GRADS, layer=event["layer"], epoch=event["epoch"],
-                                         interval=event["interval"], part=self.part_id, version=reply.version),
-                                  [out.grad_w], timeout=timeout)
-        self._accept_push(task_header(Op.PUSH, event, names=out.names, meta=out.meta), out.rows)
+    async def _train(self) -> None:
+        try:
+            await self.scheduler.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported to the coordinator at its next poll; it stops the run
+            message = str(exc) if isinstance(exc, TaskFailed) else \
+                f"graph server {self.part_id}: {type(exc).__name__}: {exc}"
+            self.failure = message[: protocol.MAX_MESSAGE_CHARS]
+            print(f"training failed: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         for peer in self.peers.values():
             peer.close()
-        if self.ps is not None:
-            self.ps.close()
+        for peer in (self.ps, self.ps_wait):
+            if peer is not None:
+                peer.close()
         if self.router is not None:
             self.router.close(linger=0)
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -486,8 +453,6 @@ def run_from_args(args: argparse.Namespace) -> int:
             await server.serve(args.bind, args.ready_file)
         finally:
             watch.set()
-            if server.invoker is not None:
-                await server.invoker.close()
 
     asyncio.run(main())
     return 0

@@ -2,41 +2,43 @@
 
 numpy + pyzmq only. The invoke payload carries metadata alone; the function dials out to its
 graph server and to the parameter server (it never listens), pulls its interval's rows and the
-weights, computes (:mod:`lambdas.compute`), pushes the results, and returns a small summary.
+weights, runs the model's ``compute`` (:mod:`dorylus.models`), pushes the results, and returns
+a small summary. It knows no model: the event names what to pull and push.
 
-Event keys: ``task`` (``AV`` | ``AV_BWD`` | ``AV_LOSS``), ``graph_server`` and
+Event keys: ``model``; the stage: ``task``, ``layer``, ``reads`` and ``writes`` (buffer
+names), ``weights`` (``pin`` | ``stash`` | ``newest`` | null), ``grad`` (push ``dW``),
+``args`` (the model's, plus seed, epoch, training, train_count); where: ``graph_server`` and
 ``param_server`` (ZeroMQ endpoints), ``part``, ``interval``, ``rows`` ([start, stop) of the
-graph server's owned rows), ``epoch``, ``layer``, ``version`` (weight version), ``attempt``,
-``training``, ``seed``, ``next_dropout`` (dropout of layer ``layer + 1``), ``train_count``
-(global). Rows pulled and pushed, by task:
+graph server's owned rows); when: ``epoch``, ``pass`` (``train`` | ``eval``), ``attempt``; and
+``run``, a token of the graph server's run.
 
-=========  =========================  ==========================================
-task       pulls                      pushes
-=========  =========================  ==========================================
-AV         Z_l, ids                   H_{l+1} (dropped with layer l+1's mask)
-AV_BWD     Z_l, ids, GH_{l+1}         GZ_l; dW_l to the parameter server
-AV_LOSS    Z_l, labels, split         GZ_l (training); dW_l; loss and counts in meta
-=========  =========================  ==========================================
+A warm container keeps the rows of static inputs (:data:`dorylus.models.base.STATIC`:
+features, ids, labels, splits) per (run, part, interval) and pulls them once. With the
+emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), each transfer takes at least
+bytes / bandwidth.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+import time
 from typing import Any, Sequence
 
 import numpy as np
 import zmq
 
 from dorylus import protocol
+from dorylus.models import get_model
+from dorylus.models.base import STATIC
 from dorylus.protocol import Header, Op
-from lambdas import compute
 
 # Never wait on a server longer than this, nor past the function's own deadline.
 MAX_WAIT_S = 120.0
 _DEADLINE_MARGIN_MS = 500
 _request_ids = itertools.count(1)
+# (run, part, interval, name) -> rows; one run's at a time, for as long as the container is warm
+_static_rows: dict[tuple[str, int, int, str], np.ndarray] = {}
 
 
 class FunctionTaskError(RuntimeError):
@@ -52,9 +54,11 @@ class _Peer:
         self.socket.connect(endpoint)
         self.what = f"{what} {endpoint}"
         self.context = context
+        self.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
 
     def request(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
         header = dataclasses.replace(header, req=next(_request_ids))
+        start = time.monotonic()
         protocol.send(self.socket, header, tensors)
         try:
             reply, arrays = protocol.recv(self.socket, timeout=self._timeout())
@@ -62,6 +66,9 @@ class _Peer:
             raise FunctionTaskError(f"{self.what} did not answer {header.op.value}") from None
         if reply.op is Op.ERROR:
             raise FunctionTaskError(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}")
+        if self.bandwidth:
+            moved = sum(np.asarray(t).nbytes for t in (*tensors, *arrays))
+            time.sleep(max(0.0, moved / self.bandwidth - (time.monotonic() - start)))
         return reply, arrays
 
     def _timeout(self) -> float:
@@ -74,65 +81,48 @@ class _Peer:
         self.socket.close(linger=0)
 
 
-PULL_NAMES = {"AV": ("Z", "ids"), "AV_BWD": ("Z", "ids", "GH"), "AV_LOSS": ("Z", "labels", "split")}
-
-
-@dataclass
-class TaskOutput:
-    """What a task sends back: rows for the graph server, a weight gradient, scalars in meta."""
-
-    names: tuple[str, ...]
-    rows: list[np.ndarray]
-    grad_w: np.ndarray | None
-    meta: dict[str, Any]
-
-
-def compute_task(event: dict[str, Any], rows: dict[str, np.ndarray], w: np.ndarray) -> TaskOutput:
-    """The tensor work of one task on its interval's pulled ``rows`` and the weights ``w``.
-    Shared by this function and the graph server's in-process ``cpu`` backend."""
-    task = event["task"]
-    key = dict(seed=int(event["seed"]), epoch=int(event["epoch"]), next_layer=int(event["layer"]) + 1,
-               next_dropout=float(event.get("next_dropout", 0.0)))
-    training = bool(event.get("training", True))
-    if task == "AV":
-        h = compute.apply_vertex_forward(rows["Z"], w, vertex_ids=rows["ids"], training=training, **key)
-        return TaskOutput(("H",), [h], None, {})
-    if task == "AV_BWD":
-        grad_w, grad_z = compute.apply_vertex_backward(rows["Z"], w, rows["GH"], vertex_ids=rows["ids"], **key)
-        return TaskOutput(("GZ",), [grad_z], grad_w, {})
-    if task == "AV_LOSS":
-        result = compute.last_layer(rows["Z"], w, rows["labels"], rows["split"],
-                                    train_count=int(event["train_count"]), training=training)
-        meta = {"loss": float(result.loss_sum), **{f"correct_{k}": int(v) for k, v in result.correct.items()}}
-        if training:
-            return TaskOutput(("GZ",), [result.grad_z], result.grad_w, meta)
-        return TaskOutput((), [], None, meta)
-    raise ValueError(f"unknown task {task!r}; expected one of {', '.join(PULL_NAMES)}")
-
-
 def task_header(op: Op, event: dict[str, Any], **fields: Any) -> Header:
     """The header identifying ``event``'s task in PULL and PUSH messages."""
     start, stop = (int(x) for x in event["rows"])
+    meta = {"pass": event.get("pass", "train"), **fields.pop("meta", {})}
     return Header(op, task=event["task"], epoch=int(event["epoch"]), layer=int(event["layer"]),
                   interval=int(event["interval"]), part=int(event["part"]), rows=(start, stop),
-                  attempt=int(event.get("attempt", 0)), **fields)
+                  attempt=int(event.get("attempt", 0)), meta=meta, **fields)
+
+
+def _pull_rows(event: dict[str, Any], graph: _Peer) -> list[np.ndarray]:
+    reads = list(event["reads"])
+    run, part, interval = str(event.get("run", "")), int(event["part"]), int(event["interval"])
+    if any(key[0] != run for key in _static_rows):  # a new run: the old rows are of no use
+        _static_rows.clear()
+    cached = {n: _static_rows.get((run, part, interval, n)) for n in reads if n in STATIC}
+    missing = [n for n in reads if cached.get(n) is None]
+    if missing:
+        _, pulled = graph.request(task_header(Op.PULL, event, names=tuple(missing)))
+        for name, rows in zip(missing, pulled):
+            if name in STATIC:
+                cached[name] = _static_rows[(run, part, interval, name)] = rows
+            else:
+                cached[name] = rows
+    return [cached[n] for n in reads]
 
 
 def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, Any]:
-    names = PULL_NAMES.get(event["task"])
-    if names is None:
-        raise ValueError(f"unknown task {event['task']!r}; expected one of {', '.join(PULL_NAMES)}")
-    _, pulled = graph.request(task_header(Op.PULL, event, names=names))
-    layer, epoch, interval = int(event["layer"]), int(event["epoch"]), int(event["interval"])
-    reply, (w,) = params.request(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval,
-                                        version=event.get("version")))
-    out = compute_task(event, dict(zip(names, pulled)), w)
-    if out.grad_w is not None:
-        params.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, part=int(event["part"]),
-                              version=reply.version, attempt=int(event.get("attempt", 0))), [out.grad_w])
-    graph.request(task_header(Op.PUSH, event, names=out.names, meta=out.meta), out.rows)
-    return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer,
-            "version": reply.version, **out.meta}
+    model = get_model(event["model"])
+    layer, epoch, interval, part = (int(event[k]) for k in ("layer", "epoch", "interval", "part"))
+    rows = _pull_rows(event, graph)
+    w, meta = None, {}
+    if event.get("weights"):
+        reply, (w,) = params.request(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=part,
+                                            meta={"weights": event["weights"]}))
+        meta = {"version": reply.version, "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
+    result = model.compute(event["task"], layer, rows, w, event["args"])
+    if event.get("grad") and result.grad_w is not None:
+        params.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, part=part,
+                              version=meta["version"], attempt=int(event.get("attempt", 0))), [result.grad_w])
+    meta.update(result.meta)
+    graph.request(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
+    return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
 
 
 def handler(event: dict[str, Any], context: Any = None) -> dict[str, Any]:

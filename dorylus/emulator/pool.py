@@ -4,15 +4,21 @@ A call that outlives its timeout, and a worker that dies mid-call, end the worke
 and a fresh one takes its place, so the pool keeps its size. Callers bound the number of calls in
 flight to the pool size (the server's concurrency limit), so :meth:`WorkerPool.run` always finds
 a worker.
+
+Placement follows Lambda's: a call goes to the idle worker that ran its function most recently,
+if that was within ``keep_warm_s`` (a warm start); otherwise to another idle worker, and the call
+is a cold start (``Outcome.cold``; the worker sleeps the call's ``cold_start_ms``, billed as
+INIT). So sequential calls reuse one warm worker, and only calls that overlap spread out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
-import queue
 import signal
 import threading
 import time
@@ -31,7 +37,7 @@ logger = logging.getLogger("dorylus.emulator")
 class Outcome:
     """What one call produced. ``body`` is the handler's JSON result when ``ok``, else Lambda's
     error object; ``duration_ns`` is the billable run time (import + handler; the full timeout
-    for a call that timed out)."""
+    for a call that timed out); ``cold``: the call was a cold start on its worker."""
 
     ok: bool
     body: bytes
@@ -39,6 +45,7 @@ class Outcome:
     init_ns: int = 0
     log: str = ""
     max_rss_mb: int = 0
+    cold: bool = False
 
 
 class _Worker:
@@ -49,6 +56,8 @@ class _Worker:
         self.process.start()
         child.close()
         self.ready = False
+        self.last_call_end: dict[str, float] = {}  # handler spec -> time.monotonic()
+        self.idle_since = 0.0
         self._stop_lock = threading.Lock()
         # One log stream per sandbox, named like Lambda's: date/[version]id.
         day = datetime.now(timezone.utc).strftime("%Y/%m/%d")
@@ -61,6 +70,13 @@ class _Worker:
             except (EOFError, OSError):
                 self.ready = False
         return self.ready
+
+    def ready_now(self) -> bool:
+        """Whether the worker has started (without waiting, without consuming its message)."""
+        try:
+            return self.ready or self.conn.poll(0)
+        except (EOFError, OSError):
+            return False
 
     def exchange(self, call: dict[str, Any], timeout_s: float) -> tuple[str, Any]:
         """Send one call and wait for its result.
@@ -110,15 +126,19 @@ def _failure(request_id: str, error_type: str, message: str, duration_ns: int) -
 
 class WorkerPool:
     """``size`` worker processes started with the 'spawn' method (safe in a threaded server);
-    ``code_dirs`` are put first on their import path."""
+    ``code_dirs`` are put first on their import path; a worker stays warm for a function for
+    ``keep_warm_s`` after its last call of it."""
 
-    def __init__(self, size: int, code_dirs: tuple[str, ...] = (), start_timeout_s: float = 60.0):
+    def __init__(self, size: int, code_dirs: tuple[str, ...] = (), start_timeout_s: float = 60.0,
+                 keep_warm_s: float = math.inf):
         self._ctx = multiprocessing.get_context("spawn")
         self._code_dirs = tuple(code_dirs)
         self._start_timeout_s = start_timeout_s
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()  # None: the pool is closed
-        self._workers: set[_Worker] = set()
+        self._keep_warm_s = keep_warm_s
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a worker became idle, or closing
+        self._idle: list[_Worker] = []
+        self._workers: set[_Worker] = set()
         self._closed = False
         self._spawned = 0
         try:
@@ -133,7 +153,7 @@ class WorkerPool:
             self.close()
             raise
         for worker in started:
-            self._idle.put(worker)
+            self._release(worker)
 
     def _spawn(self) -> _Worker:
         with self._lock:
@@ -141,6 +161,38 @@ class WorkerPool:
             worker = _Worker(self._ctx, f"lambda-worker-{self._spawned}", self._code_dirs)
             self._workers.add(worker)
         return worker
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            worker.idle_since = time.monotonic()
+            self._idle.append(worker)
+            self._changed.notify()
+
+    def _acquire(self, spec: str) -> tuple[_Worker | None, bool]:
+        """An idle worker for a call of ``spec`` and whether the call is a cold start there;
+        (None, False) when the pool is closed or none came free within the start timeout."""
+        give_up = time.monotonic() + self._start_timeout_s
+        with self._lock:
+            while not self._idle and not self._closed:
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    return None, False
+                self._changed.wait(remaining)
+            if self._closed:
+                return None, False
+            now = time.monotonic()
+
+            def preference(worker: _Worker) -> tuple:
+                last = worker.last_call_end.get(spec)
+                warm = last is not None and now - last <= self._keep_warm_s
+                # Warm for this function, most recent first; else a started worker, and among
+                # those the one idle the shortest (it is likely still in the CPU's caches).
+                return (warm, last if warm else 0.0, worker.ready_now(), worker.idle_since)
+
+            worker = max(self._idle, key=preference)
+            self._idle.remove(worker)
+            last = worker.last_call_end.get(spec)
+            return worker, not (last is not None and now - last <= self._keep_warm_s)
 
     def _retire(self, worker: _Worker) -> None:
         """Kill a worker whose sandbox is spoiled and, unless closing, start its replacement."""
@@ -150,40 +202,45 @@ class WorkerPool:
             if self._closed:
                 return
         try:
-            self._idle.put(self._spawn())
+            self._release(self._spawn())
         except Exception:  # e.g. out of processes: the pool shrinks, calls still get answers
             logger.exception("lambda emulator: could not start a replacement worker")
 
     def run(self, call: dict[str, Any], timeout_s: float) -> Outcome:
-        """Run ``call`` (see :func:`dorylus.emulator.worker.run_call`; ``deadline`` and
-        ``log_stream_name`` are filled in here) within ``timeout_s`` seconds."""
-        request_id = call["request_id"]
-        try:
-            worker = self._idle.get(timeout=self._start_timeout_s)
-        except queue.Empty:
-            return _failure(request_id, "ServiceException", "no worker process available", 0)
+        """Run ``call`` (see :func:`dorylus.emulator.worker.run_call`; ``deadline``, ``cold``
+        and ``log_stream_name`` are filled in here) within ``timeout_s`` seconds."""
+        request_id, spec = call["request_id"], call["handler"]
+        worker, cold = self._acquire(spec)
         if worker is None:
-            self._idle.put(None)  # wake the next waiter too
-            return _failure(request_id, "ServiceException", "the emulator is shutting down", 0)
-        # A replacement may still be starting: waiting for it is a cold start, not billed.
+            with self._lock:
+                closed = self._closed
+            return _failure(request_id, "ServiceException", "the emulator is shutting down"
+                            if closed else "no worker process available", 0)
+        # A replacement may still be starting: waiting for it is sandbox setup, not billed.
         if not worker.wait_ready(self._start_timeout_s):
             self._retire(worker)
             return _failure(request_id, "Runtime.ExitError",
                             "Runtime exited without providing a reason", 0)
         start = time.monotonic()
         kind, result = worker.exchange(
-            {**call, "deadline": start + timeout_s, "log_stream_name": worker.log_stream_name},
-            timeout_s)
+            {**call, "deadline": start + timeout_s, "cold": cold,
+             "log_stream_name": worker.log_stream_name}, timeout_s)
         if kind == "ok":
-            self._idle.put(worker)
-            return Outcome(**result)
+            worker.last_call_end[spec] = time.monotonic()
+            self._release(worker)
+            return Outcome(**result, cold=cold)
         elapsed_ns = int((time.monotonic() - start) * 1e9)
         self._retire(worker)
+        injected = " (fault injected by the emulator)" if call.get("fault") else ""
         if kind == "timeout":
-            return _failure(request_id, "Sandbox.Timedout",
-                            f"Task timed out after {timeout_s:.2f} seconds", int(timeout_s * 1e9))
-        return _failure(request_id, "Runtime.ExitError",
-                        f"Runtime exited with error: {_exit_description(result)}", elapsed_ns)
+            outcome = _failure(request_id, "Sandbox.Timedout",
+                               f"Task timed out after {timeout_s:.2f} seconds{injected}",
+                               int(timeout_s * 1e9))
+        else:
+            outcome = _failure(request_id, "Runtime.ExitError",
+                               f"Runtime exited with error: {_exit_description(result)}{injected}",
+                               elapsed_ns)
+        return dataclasses.replace(outcome, cold=cold)
 
     def close(self) -> None:
         """Stop every worker (idle or busy); calls still running end as Runtime.ExitError."""
@@ -191,6 +248,7 @@ class WorkerPool:
             self._closed = True
             workers = list(self._workers)
             self._workers.clear()
-        self._idle.put(None)
+            self._idle.clear()
+            self._changed.notify_all()
         for worker in workers:
             worker.stop()

@@ -19,23 +19,47 @@ FunctionName is a name, ``name:qualifier``, a full or a partial ARN):
   flight, RequestResponse and Event together), 413 RequestTooLargeException, 400
   InvalidRequestContentException (payload not JSON), 400 InvalidParameterValueException.
 
-Billing: a call's billed duration is its run time in the worker (handler plus, on a worker's
-first call of a function, the handler module's import, since AWS bills the INIT phase as of
-August 2025) rounded up to whole milliseconds, at least 1 ms; a timed-out call bills the full
-timeout. GB-seconds = billed_ms / 1000 * memory_mb / 1024. ``start_latency_ms`` is a sleep before
-each call that models invoke and placement overhead; like the Lambda frontend's latency, it is
-not billed. Each RequestResponse reply carries ``X-Dorylus-Billed-Ms`` and
-``X-Dorylus-Duration-Ms``; totals are at ``GET /emulator/stats`` (reset with
+Physics (:class:`dorylus.emulator.physics.Physics`; the default changes nothing, ``AWS_LIKE``
+holds figures measured on Lambda):
+
+* ``start_latency_ms``: a sleep before each call, modelling invoke and placement overhead; like
+  the Lambda frontend's latency, it is not billed.
+* Cold starts: a call goes to the idle worker that ran its function most recently; if none ran
+  it within ``keep_warm_s``, the call is a cold start: the worker sleeps ``cold_start_ms`` (plus,
+  on its first call of the function, imports the handler module), billed and reported as
+  ``Init Duration`` as AWS bills INIT since August 2025. Counted in ``cold_starts``.
+* ``bandwidth_mbps``: exposed to the handler as ``context.bandwidth_bytes_per_s``
+  (``bandwidth_mbps * 1e6 / 8``, None when 0); the handler throttles its own traffic with it.
+  The Invoke request and response themselves are not throttled.
+* ``cpu_share``: a call gets ``memory_mb / 1769`` vCPUs (at most 6): a handler whose CPU time
+  (all its threads) exceeds that share is stretched after it returns, by a sleep, to the time it
+  would take at that share (``cpu_time * (1 / share - 1)`` for single-threaded work). Billed.
+
+Faults (:class:`dorylus.emulator.faults.FaultPlan`): a seeded fraction of calls, chosen from a
+hash of the seed and the event payload, raise (function error ``InjectedFault``), crash
+(``Runtime.ExitError``), hang (``Sandbox.Timedout``) or straggle (the call takes
+``straggle_factor`` times as long, billed). Counted in ``faults.<kind>``; each reply names its
+fault in ``X-Dorylus-Fault``.
+
+Billing: a call's billed duration is its run time in the worker (INIT as above, the handler, the
+CPU-share stretch, a straggler's delay) rounded up to whole milliseconds, at least 1 ms; a
+timed-out call bills the full timeout. GB-seconds = billed_ms / 1000 * memory_mb / 1024. Each
+RequestResponse reply carries ``X-Dorylus-Billed-Ms``, ``X-Dorylus-Duration-Ms`` and
+``X-Dorylus-Cold-Start`` (``true``/``false``); totals are at ``GET /emulator/stats`` (reset with
 ``POST /emulator/stats/reset``) and :meth:`EmulatorServer.stats`. ``GET /emulator/health`` is
 the readiness probe.
 
 Differences from AWS, on purpose: every function shares one pool of worker processes (one
 account-level concurrency limit, Reason ``ConcurrentInvocationLimitExceeded``); an Event call
 over the limit is refused with 429 instead of queued, and a failed one is not retried (Lambda
-retries it twice); any Qualifier runs ``$LATEST``; memory is a billing figure only (not
-enforced); the Event payload limit stays at 256 KB (AWS raised it to 1 MB in 2025), so payloads
-accepted here are accepted by every Lambda. Workers are daemonic processes, so a handler cannot
-start multiprocessing children of its own.
+retries it twice); any Qualifier runs ``$LATEST``; memory is a billing figure and, with
+``cpu_share``, a CPU share, but its size is not enforced; the Event payload limit stays at 256 KB
+(AWS raised it to 1 MB in 2025), so payloads accepted here are accepted by every Lambda. Workers
+are daemonic processes, so a handler cannot start multiprocessing children of its own. A worker
+is a sandbox shared by every function, and one that goes cold is not replaced: the cold start
+is a sleep, and the handler module's globals survive it (in AWS the sandbox, and its globals,
+are gone). A CPU share above what this machine gives a worker cannot be emulated (calls run as
+fast as they can here), nor can one below it for work the handler hands to other processes.
 """
 
 from __future__ import annotations
@@ -47,6 +71,7 @@ import importlib.machinery
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -60,6 +85,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Sequence
 from urllib.parse import parse_qs, unquote
 
+from dorylus.emulator.faults import FAULT_KINDS, FaultPlan
+from dorylus.emulator.physics import AWS_LIKE, Physics
 from dorylus.emulator.pool import Outcome, WorkerPool
 from dorylus.endpoints import check_port
 from dorylus.config import MAX_TIMEOUT_S, MEMORY_RANGE_MB
@@ -179,6 +206,9 @@ class _Counters:
     billed_ms: int = 0
     duration_ms: float = 0.0  # measured, unrounded
     peak_concurrency: int = 0
+    cold_starts: int = 0  # calls that found no worker warm for their function
+    faults: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(FAULT_KINDS, 0))  # injected, by kind
 
 
 class _ApiError(Exception):
@@ -193,8 +223,9 @@ class EmulatorServer:
     """A running emulator: HTTP server thread + worker pool. Create with :func:`serve`."""
 
     def __init__(self, host: str, port: int, functions: Mapping[str, str], concurrency: int,
-                 memory_mb: int, timeout_s: float, start_latency_ms: float,
-                 code_dirs: Sequence[str] = ()):
+                 memory_mb: int, timeout_s: float, start_latency_ms: float = 0.0,
+                 code_dirs: Sequence[str] = (), *, physics: Physics | None = None,
+                 faults: FaultPlan | None = None):
         if concurrency < 1:
             raise ConfigError(f"lambda emulator: concurrency must be >= 1, got {concurrency}")
         if not MEMORY_RANGE_MB[0] <= memory_mb <= MEMORY_RANGE_MB[1]:
@@ -202,12 +233,24 @@ class EmulatorServer:
                               f"range {MEMORY_RANGE_MB[0]}..{MEMORY_RANGE_MB[1]} MB")
         if not 0 < timeout_s <= MAX_TIMEOUT_S:
             raise ConfigError(f"lambda emulator: timeout {timeout_s} s is outside (0, 900] s")
-        if not start_latency_ms >= 0:
-            raise ConfigError(f"lambda emulator: start latency {start_latency_ms} ms is negative")
+        if physics is None:
+            try:
+                physics = Physics(start_latency_ms=start_latency_ms)
+            except ValueError:
+                raise ConfigError(f"lambda emulator: start latency {start_latency_ms!r} ms is "
+                                  "not a finite number >= 0") from None
+        elif not isinstance(physics, Physics):
+            raise ConfigError(f"lambda emulator: physics must be a Physics, got {physics!r}")
+        if faults is not None and not isinstance(faults, FaultPlan):
+            raise ConfigError(f"lambda emulator: faults must be a FaultPlan, got {faults!r}")
         self.code_dirs = check_code_dirs(code_dirs)
         self.functions = check_functions(functions, self.code_dirs)
         self.concurrency, self.memory_mb = concurrency, memory_mb
-        self.timeout_s, self.start_latency_ms = timeout_s, start_latency_ms
+        self.timeout_s, self.physics = timeout_s, physics
+        self.start_latency_ms = physics.start_latency_ms
+        # An all-zero plan is no plan: no hashing on the call path.
+        self.faults = faults if faults is not None and faults.active else None
+        self._fault_plan = faults
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._in_flight = 0
@@ -219,7 +262,8 @@ class EmulatorServer:
             raise ConfigError(f"lambda emulator: cannot listen on {host}:{port} (cannot bind: "
                               f"{str(exc.strerror or exc).lower()})") from exc
         try:
-            self._pool = WorkerPool(concurrency, self.code_dirs)
+            self._pool = WorkerPool(concurrency, self.code_dirs,
+                                    keep_warm_s=physics.keep_warm_s)
         except BaseException:
             self._httpd.server_close()
             raise
@@ -241,14 +285,23 @@ class EmulatorServer:
         return f"http://{host}:{self.port}"
 
     def stats(self) -> dict[str, Any]:
-        """Counters since start or the last reset, plus ``in_flight`` now and the settings.
-        ``billed_gb_s = billed_ms / 1000 * memory_mb / 1024``."""
+        """Counters since start or the last reset (``invocations``, ``errors``, ``throttles``,
+        ``dry_runs``, ``billed_ms``, ``duration_ms``, ``peak_concurrency``, ``cold_starts``,
+        ``faults.raise``, ``faults.crash``, ``faults.hang``, ``faults.straggle``), plus
+        ``in_flight`` now, ``billed_gb_s = billed_ms / 1000 * memory_mb / 1024`` and the
+        settings (``memory_mb``, ``concurrency``, ``timeout_s``, ``start_latency_ms``,
+        ``physics``: the Physics fields, ``fault_plan``: the FaultPlan fields or None)."""
         with self._lock:
             out: dict[str, Any] = dataclasses.asdict(self._counters)
             out["in_flight"] = self._in_flight
+        for kind, count in out.pop("faults").items():
+            out[f"faults.{kind}"] = count
         out["billed_gb_s"] = out["billed_ms"] / 1000 * self.memory_mb / 1024
         out.update(memory_mb=self.memory_mb, concurrency=self.concurrency,
-                   timeout_s=self.timeout_s, start_latency_ms=self.start_latency_ms)
+                   timeout_s=self.timeout_s, start_latency_ms=self.start_latency_ms,
+                   physics=dataclasses.asdict(self.physics),
+                   fault_plan=(dataclasses.asdict(self._fault_plan)
+                               if self._fault_plan is not None else None))
         return out
 
     def reset_stats(self) -> None:
@@ -295,9 +348,22 @@ class EmulatorServer:
         with self._lock:
             self._counters.dry_runs += 1
 
+    def _prepare(self, call: dict[str, Any]) -> dict[str, Any]:
+        """Add the physics and the call's fault (drawn from its payload, counted) to ``call``."""
+        physics = self.physics
+        call.update(cold_start_ms=physics.cold_start_ms, vcpus=physics.vcpus(self.memory_mb),
+                    bandwidth_bytes_per_s=physics.bandwidth_bytes_per_s, fault=None)
+        if self.faults is not None:
+            fault = call["fault"] = self.faults.choose(call["payload"])
+            if fault is not None:
+                call["straggle_factor"] = self.faults.straggle_factor
+                with self._lock:
+                    self._counters.faults[fault] += 1
+        return call
+
     def _execute(self, call: dict[str, Any]) -> tuple[Outcome, int]:
-        """Run an admitted call; -> (outcome, billed ms). Frees its slot before returning, so
-        that a client that calls again right after the reply is not throttled by it."""
+        """Run an admitted, prepared call; -> (outcome, billed ms). Frees its slot before
+        returning, so that a client that calls again right after the reply is not throttled."""
         try:
             if self.start_latency_ms:
                 time.sleep(self.start_latency_ms / 1000)
@@ -313,6 +379,7 @@ class EmulatorServer:
                 self._counters.billed_ms += billed
                 self._counters.duration_ms += outcome.duration_ns / 1e6
                 self._counters.errors += not outcome.ok
+                self._counters.cold_starts += outcome.cold
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -482,9 +549,9 @@ class _Handler(BaseHTTPRequestHandler):
                             extra={"Reason": "ConcurrentInvocationLimitExceeded"},
                             headers={"Retry-After": "1"})
         request_id = str(uuid.uuid4())
-        call = {"request_id": request_id, "function_name": name, "handler": spec,
-                "invoked_function_arn": arn, "memory_mb": app.memory_mb, "region": region,
-                "payload": body}
+        call = app._prepare({"request_id": request_id, "function_name": name, "handler": spec,
+                             "invoked_function_arn": arn, "memory_mb": app.memory_mb,
+                             "region": region, "payload": body})
         if invocation_type == "Event":
             app._start_event(call)
             self._send(202, b"", {"x-amzn-RequestId": request_id})
@@ -492,7 +559,10 @@ class _Handler(BaseHTTPRequestHandler):
         outcome, billed = app._execute(call)
         headers = {"x-amzn-RequestId": request_id, "X-Amz-Executed-Version": "$LATEST",
                    "X-Dorylus-Billed-Ms": str(billed),
-                   "X-Dorylus-Duration-Ms": f"{outcome.duration_ns / 1e6:.6f}"}
+                   "X-Dorylus-Duration-Ms": f"{outcome.duration_ns / 1e6:.6f}",
+                   "X-Dorylus-Cold-Start": "true" if outcome.cold else "false"}
+        if call["fault"]:
+            headers["X-Dorylus-Fault"] = call["fault"]
         if not outcome.ok:
             headers["X-Amz-Function-Error"] = "Unhandled"
         if self.headers.get("X-Amz-Log-Type") == "Tail":
@@ -584,18 +654,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] | None = None,
           concurrency: int | None = None, memory_mb: int = 1024, timeout_s: float = MAX_TIMEOUT_S,
-          start_latency_ms: float = 0.0, code_dirs: Sequence[str] = ()) -> EmulatorServer:
+          start_latency_ms: float = 0.0, code_dirs: Sequence[str] = (), *,
+          physics: Physics | None = None, faults: FaultPlan | None = None) -> EmulatorServer:
     """Start an emulator in background threads and return it once every worker is ready.
 
     ``functions``: ``{name: "package.module:function"}`` (default: ``dorylus-gcn`` ->
     ``lambdas.handler:handler``). ``concurrency``: worker processes = most calls in flight
     (default: CPU count, at least 2). ``code_dirs``: directories put first on the workers'
-    import path, like a function's unpacked code bundle. Stop it with ``close()`` or a
-    ``with`` block.
+    import path, like a function's unpacked code bundle. ``physics``: latencies, cold starts,
+    bandwidth and CPU share (default: none; ``Physics(start_latency_ms=start_latency_ms)``).
+    When ``physics`` is given it wins: ``start_latency_ms`` is ignored (use
+    ``physics.start_latency_ms``). ``faults``: seeded fault injection (default: none). Stop it
+    with ``close()`` or a ``with`` block.
     """
     return EmulatorServer(host, port, DEFAULT_FUNCTIONS if functions is None else functions,
                           default_concurrency() if concurrency is None else concurrency,
-                          memory_mb, timeout_s, start_latency_ms, code_dirs)
+                          memory_mb, timeout_s, start_latency_ms, code_dirs,
+                          physics=physics, faults=faults)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -623,21 +698,105 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=MAX_TIMEOUT_S,
                         help="a call running longer is a function error (Sandbox.Timedout) and "
                              "its worker is replaced (default: %(default)s, Lambda's maximum)")
-    parser.add_argument("--start-latency-ms", type=float, default=0.0,
-                        help="latency added before every call to model Lambda's invoke/start "
-                             "overhead; not billed (default: %(default)s)")
+    physics = parser.add_argument_group(
+        "physics", "how long calls take, as on AWS Lambda (default: as fast as this machine "
+        "runs them); with --aws-like, any of these given overrides that preset's figure")
+    physics.add_argument("--aws-like", action="store_true",
+                         help="start from figures measured on AWS Lambda: start latency "
+                              f"{AWS_LIKE.start_latency_ms:g} ms, cold start "
+                              f"{AWS_LIKE.cold_start_ms:g} ms, keep-warm "
+                              f"{AWS_LIKE.keep_warm_s:g} s, bandwidth "
+                              f"{AWS_LIKE.bandwidth_mbps:g} Mbit/s, CPU share on (sources in "
+                              "dorylus/emulator/physics.py)")
+    physics.add_argument("--start-latency-ms", type=float, default=None,
+                         help="latency added before every call to model Lambda's invoke/start "
+                              "overhead; not billed (default: 0)")
+    physics.add_argument("--cold-start-ms", type=float, default=None,
+                         help="extra latency of a call on a worker that has not run the "
+                              "function within --keep-warm-s; billed as INIT (default: 0)")
+    physics.add_argument("--keep-warm-s", type=float, default=None,
+                         help="how long a worker stays warm for a function after its last call "
+                              "of it (default: 600)")
+    physics.add_argument("--bandwidth-mbps", type=float, default=None,
+                         help="cap on each call's own network traffic in Mbit/s, passed to the "
+                              "handler as context.bandwidth_bytes_per_s; 0 = none (default: 0)")
+    physics.add_argument("--cpu-share", action=argparse.BooleanOptionalAction, default=None,
+                         help="give each call the CPU its memory buys on Lambda (1,769 MB = one "
+                              "vCPU, at most 6): CPU-bound calls below one vCPU are stretched, "
+                              "billed (default: off)")
+    faults = parser.add_argument_group(
+        "fault injection", "fail a seeded fraction of calls, chosen from a hash of the seed and "
+        "the event payload (default: none)")
+    faults.add_argument("--fault-raise", type=float, default=0.0, metavar="FRACTION",
+                        help="fraction of calls that are a function error (InjectedFault)")
+    faults.add_argument("--fault-crash", type=float, default=0.0, metavar="FRACTION",
+                        help="fraction of calls whose worker process dies (Runtime.ExitError)")
+    faults.add_argument("--fault-hang", type=float, default=0.0, metavar="FRACTION",
+                        help="fraction of calls that hang until the timeout (Sandbox.Timedout)")
+    faults.add_argument("--fault-straggle", type=float, default=0.0, metavar="FRACTION",
+                        help="fraction of calls slowed down by --fault-straggle-factor")
+    faults.add_argument("--fault-straggle-factor", type=float, default=10.0, metavar="FACTOR",
+                        help="a straggling call takes this many times as long, >= 1 "
+                             "(default: %(default)s)")
+    faults.add_argument("--fault-seed", type=int, default=0,
+                        help="seed of which calls fail (default: %(default)s)")
+
+
+_PHYSICS_OPTIONS = {"start_latency_ms": "--start-latency-ms", "cold_start_ms": "--cold-start-ms",
+                    "keep_warm_s": "--keep-warm-s", "bandwidth_mbps": "--bandwidth-mbps",
+                    "cpu_share": "--cpu-share"}
+_FAULT_OPTIONS = {"raise_fraction": "--fault-raise", "crash_fraction": "--fault-crash",
+                  "hang_fraction": "--fault-hang", "straggle_fraction": "--fault-straggle",
+                  "straggle_factor": "--fault-straggle-factor", "seed": "--fault-seed"}
+
+
+def physics_from_args(args: argparse.Namespace) -> Physics:
+    """The Physics the options ask for: AWS_LIKE with --aws-like, else the defaults, with each
+    physics option given overriding its field. Bad values raise ConfigError naming the option."""
+    base = AWS_LIKE if getattr(args, "aws_like", False) else Physics()
+    given = {field: getattr(args, field) for field in _PHYSICS_OPTIONS
+             if getattr(args, field, None) is not None}
+    for field, value in given.items():
+        if field != "cpu_share" and not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"lambda emulator: {_PHYSICS_OPTIONS[field]} must be a finite "
+                              f"number >= 0, got {value:g}")
+    return dataclasses.replace(base, **given)
+
+
+def faults_from_args(args: argparse.Namespace) -> FaultPlan | None:
+    """The FaultPlan the --fault-* options ask for, or None when no fraction is set. Bad values
+    raise ConfigError naming the option."""
+    values = {field: getattr(args, option.lstrip("-").replace("-", "_"))
+              for field, option in _FAULT_OPTIONS.items()}
+    for field in ("raise_fraction", "crash_fraction", "hang_fraction", "straggle_fraction"):
+        if not 0.0 <= values[field] <= 1.0:
+            raise ConfigError(f"lambda emulator: {_FAULT_OPTIONS[field]} must be a fraction in "
+                              f"[0, 1], got {values[field]:g}")
+    if not (math.isfinite(values["straggle_factor"]) and values["straggle_factor"] >= 1):
+        raise ConfigError(f"lambda emulator: --fault-straggle-factor must be a finite number "
+                          f">= 1, got {values['straggle_factor']:g}")
+    try:
+        plan = FaultPlan(**values)
+    except ValueError as exc:  # the fractions' sum
+        total = sum(values[field] for field in _FAULT_OPTIONS if field.endswith("_fraction"))
+        raise ConfigError(f"lambda emulator: --fault-raise, --fault-crash, --fault-hang and "
+                          f"--fault-straggle sum to {total:g}; they must sum to at most 1"
+                          ) from exc
+    return plan if plan.active else None
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly; returns 0."""
     check_port("--port", args.port)
     functions = parse_function_args(args.function) if args.function else None
+    physics, faults = physics_from_args(args), faults_from_args(args)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with serve(args.host, args.port, functions, args.concurrency, args.memory_mb,
-                   args.timeout_s, args.start_latency_ms, args.code_dir) as server:
+                   args.timeout_s, code_dirs=args.code_dir, physics=physics,
+                   faults=faults) as server:
             print(f"lambda emulator listening on {server.url} (concurrency {server.concurrency}, "
                   f"memory {server.memory_mb} MB)", flush=True)
             while not stop.wait(0.5):

@@ -9,6 +9,14 @@ The server talks to a worker over a multiprocessing pipe with pickled messages:
   ``duration_ns`` (import + handler wall time in this process), ``init_ns`` (import part),
   ``log`` (what the call printed, framed by Lambda's START/END lines), ``max_rss_mb``.
 
+A call dict may also carry the server's physics and fault plan, already resolved for the call
+(all optional): ``cold`` (bool: this worker has not run the function within the keep-warm
+window) and ``cold_start_ms`` (slept, billed as INIT, when cold), ``vcpus`` (the CPU share the
+call's memory buys; CPU work beyond it stretches the call, see
+:func:`dorylus.emulator.physics.cpu_stretch_s`), ``bandwidth_bytes_per_s`` (exposed on the
+context), ``fault`` (``raise``, ``crash``, ``hang`` or ``straggle``, see
+:mod:`dorylus.emulator.faults`) and ``straggle_factor``.
+
 Timeouts and crashes are the server's business: it kills this process and starts another, the
 way Lambda discards a sandbox. Only the standard library is imported here, so a fresh worker
 starts fast.
@@ -28,12 +36,18 @@ import time
 import traceback
 from typing import Any, Callable
 
+from dorylus.emulator.physics import cpu_stretch_s
+
+CRASH_EXIT_STATUS = 1  # what an injected crash exits with, like a runtime that died
+HANG_GRACE_S = 5.0  # an injected hang outlives its deadline by this much (the server kills it)
+
 
 class LambdaContext:
     """The context object that Lambda's Python runtime passes as the handler's second argument.
 
     ``memory_limit_in_mb`` is a string, as in the real runtime, so that code written against
-    the emulator behaves the same in AWS.
+    the emulator behaves the same in AWS. ``bandwidth_bytes_per_s`` is the emulator's own
+    addition (absent in AWS): the cap on the call's network traffic in bytes/s, or None.
     """
 
     def __init__(self, call: dict[str, Any]):
@@ -46,6 +60,7 @@ class LambdaContext:
         self.log_stream_name: str = call["log_stream_name"]
         self.identity = None
         self.client_context = None
+        self.bandwidth_bytes_per_s: float | None = call.get("bandwidth_bytes_per_s")
         self._deadline = call["deadline"]  # time.monotonic() value, shared clock with the server
 
     def get_remaining_time_in_millis(self) -> int:
@@ -55,6 +70,14 @@ class LambdaContext:
 def _error_body(request_id: str, error_type: str, message: str, stack: list[str]) -> bytes:
     return json.dumps({"errorMessage": message, "errorType": error_type,
                        "requestId": request_id, "stackTrace": stack}).encode()
+
+
+class InjectedFault(Exception):
+    """A function error that the emulator's fault plan injected."""
+
+
+class _InjectedHang(Exception):
+    """An injected hang that outlived the server (which normally kills the worker first)."""
 
 
 class _HandlerLoadError(Exception):
@@ -81,8 +104,9 @@ def _load_handler(spec: str) -> Callable[[Any, LambdaContext], Any]:
 def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, Any]:
     """Run one invocation. ``call`` keys: request_id, function_name, handler (spec),
     invoked_function_arn, memory_mb, deadline, log_stream_name, region, payload (JSON bytes,
-    empty means ``{}``)."""
+    empty means ``{}``), and the optional physics and fault keys of the module docstring."""
     request_id, spec = call["request_id"], call["handler"]
+    fault = call.get("fault")
     os.environ.update(AWS_LAMBDA_FUNCTION_NAME=call["function_name"],
                       AWS_LAMBDA_FUNCTION_VERSION="$LATEST",
                       AWS_LAMBDA_FUNCTION_MEMORY_SIZE=str(call["memory_mb"]),
@@ -93,13 +117,20 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
     start = time.perf_counter_ns()
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         try:
+            cold_start_ms = call.get("cold_start_ms", 0.0) if call.get("cold") else 0.0
+            if cold_start_ms:
+                time.sleep(cold_start_ms / 1000)
             handler = handlers.get(spec)
             if handler is None:
                 handler = handlers[spec] = _load_handler(spec)
                 init_ns = time.perf_counter_ns() - start
+            elif cold_start_ms:
+                init_ns = time.perf_counter_ns() - start
+            if fault:
+                _play_fault(fault, call)
             payload = call["payload"]
             event = json.loads(payload) if payload.strip() else {}
-            result = handler(event, LambdaContext(call))
+            result = _run_handler(handler, event, call)
             try:
                 body, ok = json.dumps(result).encode(), True
             except (TypeError, ValueError) as exc:
@@ -108,9 +139,14 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
         except _HandlerLoadError as exc:
             body = _error_body(request_id, exc.error_type, str(exc), [])
             print(f"[ERROR] {exc.error_type}: {exc}")
+        except _InjectedHang as exc:
+            body = _error_body(request_id, "Sandbox.Timedout", str(exc), [])
         except Exception as exc:
-            # Drop this module's own frame, as Lambda drops its runtime's frames.
-            stack = traceback.format_tb(exc.__traceback__.tb_next) if exc.__traceback__ else []
+            # Drop this module's own frames, as Lambda drops its runtime's frames.
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                tb = tb.tb_next
+            stack = traceback.format_tb(tb) if tb is not None else []
             body = _error_body(request_id, type(exc).__name__, str(exc), stack)
             print(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(stack)}", end="")
     duration_ns = time.perf_counter_ns() - start
@@ -118,6 +154,34 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
     max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux: KiB
     return {"ok": ok, "body": body, "duration_ns": duration_ns, "init_ns": init_ns,
             "log": log.getvalue(), "max_rss_mb": max_rss_mb}
+
+
+def _play_fault(fault: str, call: dict[str, Any]) -> None:
+    """The faults that replace the handler: raise, crash, hang (straggle is in _run_handler)."""
+    if fault == "raise":
+        raise InjectedFault("fault injected by the Lambda emulator: this call fails on purpose")
+    if fault == "crash":
+        os._exit(CRASH_EXIT_STATUS)
+    if fault == "hang":
+        # The server kills this worker at the deadline; if no one does, give up a bit later.
+        time.sleep(max(0.0, call["deadline"] - time.monotonic()) + HANG_GRACE_S)
+        raise _InjectedHang("fault injected by the Lambda emulator: the call hung past its "
+                            "deadline")
+
+
+def _run_handler(handler: Callable, event: Any, call: dict[str, Any]) -> Any:
+    """Call the handler, then stretch the call to the CPU share its memory buys and, for an
+    injected straggler, slow it down by ``straggle_factor`` (also when the handler raised)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        return handler(event, LambdaContext(call))
+    finally:
+        wall_s = time.perf_counter() - wall0
+        stretch_s = cpu_stretch_s(time.process_time() - cpu0, wall_s, call.get("vcpus"))
+        if call.get("fault") == "straggle":
+            stretch_s += (call.get("straggle_factor", 1.0) - 1) * (wall_s + stretch_s)
+        if stretch_s > 0:
+            time.sleep(stretch_s)
 
 
 def worker_main(conn, code_dirs: tuple[str, ...] = ()) -> None:

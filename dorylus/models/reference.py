@@ -1,8 +1,9 @@
 """The single-process PyTorch reference: the oracle the distributed engine is checked against.
 
 It runs the model of :mod:`dorylus.models.spec` on the whole graph in one process, in the same
-task order as the distributed system (Gather ``Z = A_hat · dropout(H)``, then ApplyVertex
-``act(Z · W)``), with dropout masks from :mod:`dorylus.masks` and torch autograd for gradients.
+order as the distributed system (:mod:`dorylus.models.gcn`: ``A_hat · (H W)`` for a layer whose
+input is wider than its output, ``(A_hat · H) · W`` otherwise), with dropout masks from
+:mod:`dorylus.masks` and torch autograd for gradients.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dorylus.masks import keep_mask
+from dorylus.models.gcn import projects_first
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency
 
@@ -67,7 +69,7 @@ class ReferenceGCN(torch.nn.Module):
             if training and layer.dropout > 0:
                 keep = keep_mask(self.seed, epoch, layer.index, vertex_ids, h.shape[1], layer.dropout)
                 h = h * torch.from_numpy(keep) * (1.0 / (1.0 - layer.dropout))
-            h = gather(adj, h) @ weight
+            h = gather(adj, h @ weight) if projects_first(layer) else gather(adj, h) @ weight
             if layer.activation == "relu":
                 h = torch.relu(h)
         return h

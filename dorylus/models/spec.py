@@ -1,10 +1,8 @@
-"""Model definitions shared by every backend: layer shapes, activations, dropout and weight init.
+"""Layer shapes, activations, dropout and weight init, shared by every role.
 
-A model is a stack of layers; each layer is Gather (graph server), then ApplyVertex (a tensor
-function). The spec is plain data (numpy only) so that the parameter server, the reference
-trainer and the function code agree on it without sharing torch code. GAT and GraphSAGE add an
-ApplyEdge step and more weights per layer; they become new ``arch`` values with their own
-``LayerSpec.weight_shapes``.
+The spec is plain data (numpy only) so that the parameter server, the reference trainer and the
+function code agree on it without sharing torch code; how a layer is computed is its model
+module's business (:mod:`dorylus.models`).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ARCHITECTURES = ("gcn",)
+from dorylus.models import MODELS
 
 
 @dataclass(frozen=True)
@@ -48,8 +46,8 @@ class ModelSpec:
     @classmethod
     def from_config(cls, config, num_features: int, num_classes: int) -> "ModelSpec":
         """Layer shapes ``[F, hidden, ..., hidden, C]`` from a :class:`~dorylus.config.TrainConfig`."""
-        if config.model not in ARCHITECTURES:
-            raise ValueError(f"unknown model {config.model!r}; known: {', '.join(ARCHITECTURES)}")
+        if config.model not in MODELS:
+            raise ValueError(f"unknown model {config.model!r}; known: {', '.join(MODELS)}")
         dims = [num_features] + [config.hidden] * (config.layers - 1) + [num_classes]
         layers = []
         for i in range(config.layers):

@@ -1,7 +1,10 @@
-"""Sync mode reproduces the single-process reference per epoch, for any partitioning.
+"""Sync and pipe modes reproduce the single-process reference per epoch, for any partitioning.
 
 The default suite runs one representative case per (dataset, parts) pair; ``-m slow`` runs the
-full matrix of backends x parts x interval counts.
+full matrix of modes x backends x parts x interval counts. Cora's layers (1433 -> 16 -> 7) both
+project before they gather; the cases with other shapes cover a hidden layer that gathers first
+(3 layers: 16 -> 16), a first layer that gathers first (synthetic-small, 128 -> 256) and a fused
+last layer (hidden 4 -> 7 classes: AV_LOSS).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
+from dorylus.models import gcn
+from dorylus.models.spec import ModelSpec
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
 
@@ -30,10 +35,18 @@ def _run(tmp_path, dataset, backend, **options):
     return read_metrics(tmp_path / backend)
 
 
-def _reference(tmp_path_factory, dataset):
-    if dataset.name not in _reference_cache:
-        _reference_cache[dataset.name] = _run(tmp_path_factory.mktemp("ref"), dataset, "reference")
-    return _reference_cache[dataset.name]
+def _reference(tmp_path_factory, dataset, shape):
+    key = f"{dataset.name} {sorted(shape.items())}"
+    if key not in _reference_cache:
+        _reference_cache[key] = _run(tmp_path_factory.mktemp("ref"), dataset, "reference", **shape)
+    return _reference_cache[key]
+
+
+def _calls_per_interval(dataset, shape) -> int:
+    """Function calls per interval and epoch: a training pass and an evaluation pass."""
+    spec = ModelSpec.from_config(TrainConfig(**shape), dataset.num_features, dataset.num_classes)
+    plan = gcn.build_plan(spec)
+    return plan.function_calls_per_interval(True) + plan.function_calls_per_interval(False)
 
 
 def assert_matches_reference(reference, distributed, dataset):
@@ -47,16 +60,19 @@ def assert_matches_reference(reference, distributed, dataset):
             assert abs(got[f"{split}_acc"] - ref[f"{split}_acc"]) * count <= 1 + 1e-9, (split, ref["epoch"])
 
 
-CASES = [  # (dataset, backend, parts, functions); default-suite cases first
-    ("cora", "cpu", 1, 3),
-    ("cora", "lambda", 2, 2),
-    ("cora", "cpu", 4, 2),
-    ("synthetic-small", "lambda", 1, 2),
-    ("synthetic-small", "cpu", 2, 3),
-    ("synthetic-small", "lambda", 4, 1),
+SHAPES = {"default": {}, "gather-hidden": {"layers": 3}, "gather-first": {"hidden": 256}, "fused-last": {"hidden": 4}}
+CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite cases first
+    ("cora", "default", "sync", "cpu", 1, 3),
+    ("cora", "default", "pipe", "lambda", 2, 2),
+    ("cora", "gather-hidden", "pipe", "cpu", 4, 2),
+    ("cora", "fused-last", "sync", "lambda", 2, 3),
+    ("synthetic-small", "default", "sync", "lambda", 1, 2),
+    ("synthetic-small", "gather-first", "pipe", "cpu", 2, 3),
+    ("synthetic-small", "default", "pipe", "lambda", 4, 1),
 ]
-SLOW_CASES = [(d, b, p, f) for d in ("cora", "synthetic-small") for b in ("cpu", "lambda") for p in (1, 2, 4)
-              for f in (1, 4) if (d, b, p, f) not in CASES]
+SLOW_CASES = [(d, "default", m, b, p, i) for d in ("cora", "synthetic-small") for m in ("sync", "pipe")
+              for b in ("cpu", "lambda") for p in (1, 2, 4) for i in (1, 4)
+              if (d, "default", m, b, p, i) not in CASES]
 
 
 def _params(cases, marks=()):
@@ -64,17 +80,17 @@ def _params(cases, marks=()):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("dataset_name, backend, parts, functions",
+@pytest.mark.parametrize("dataset_name, shape, mode, backend, parts, intervals",
                          _params(CASES) + _params(SLOW_CASES, marks=pytest.mark.slow))
-def test_sync_matches_reference(tmp_path, tmp_path_factory, request, dataset_name, backend, parts, functions):
+def test_matches_reference(tmp_path, tmp_path_factory, request, dataset_name, shape, mode, backend, parts, intervals):
     dataset = _dataset(dataset_name, request)
-    reference = _reference(tmp_path_factory, dataset)
-    got = _run(tmp_path, dataset, backend, parts=parts, functions=functions)
+    reference = _reference(tmp_path_factory, dataset, SHAPES[shape])
+    got = _run(tmp_path, dataset, backend, mode=mode, parts=parts, intervals=intervals, **SHAPES[shape])
     assert_matches_reference(reference, got, dataset)
+    calls = parts * intervals * _calls_per_interval(dataset, SHAPES[shape])
+    assert all(m["calls"] == calls for m in got), ([m["calls"] for m in got], calls)
+    assert all(m["staleness_max"] == 0 and m["weight_lag_max"] == 0 for m in got)
     if backend == "lambda":
-        # forward AV per layer, backward AV per layer but the first, and an eval forward
-        intervals_per_epoch = got[0]["invocations"] / (2 * 2 + 1)
-        assert parts <= intervals_per_epoch <= parts * functions
         assert all(m["billed_gb_s"] > 0 and m["cost_usd"] > 0 for m in got)
 
 

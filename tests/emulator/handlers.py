@@ -62,3 +62,17 @@ def touch(event, context):
     """Create ``event["marker"]``: evidence that the call ran."""
     Path(event["marker"]).write_text(context.aws_request_id)
     return None
+
+
+def spin(event, context):
+    """Burn ``event["cpu_s"]`` seconds of CPU; return the wall and CPU time it took."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    x = 0
+    while time.process_time() - cpu0 < event["cpu_s"]:
+        for i in range(10_000):
+            x += i * i
+    return {"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0}
+
+
+def bandwidth(event, context):
+    return getattr(context, "bandwidth_bytes_per_s", None)

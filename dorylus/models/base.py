@@ -1,0 +1,91 @@
+"""What a model module declares, and what the roles interpret (DESIGN §2).
+
+A model is a :class:`Plan` (the stages of a training pass and of an evaluation pass, and the
+row buffers they read and write) plus one function, ``compute(task, layer, rows, w, args)``,
+that does the tensor work of a ``FUNCTION`` or ``VERTEX`` stage in torch-free numpy. The graph
+server runs the stages, the function (``lambdas.handler``) and the ``cpu`` backend call
+``compute``; neither knows which model it runs. A new model is a new module in
+``dorylus/models/`` registered in :data:`dorylus.models.MODELS`.
+
+Stage kinds:
+
+==================  ==============  ===================================================================
+kind                runs in         does
+==================  ==============  ===================================================================
+``FUNCTION``        backend         ``compute`` on one interval's rows of ``reads``; writes ``writes``
+``VERTEX``          graph server    the same, for cheap element-wise work that Gather needs first
+``GATHER``          graph server    ``writes[0][rows] = A_hat[rows, :] · reads[0]`` (Scatter first:
+                                    ``reads[0]`` has ghost rows, filled from the peers)
+``GATHER_BACKWARD`` graph server    ``writes[0] = (A_hat^T · reads[0])`` summed over partitions
+                                    (backward Scatter of the ghost rows' contributions)
+==================  ==============  ===================================================================
+
+Buffers named in ``reads``/``writes`` are float32 ``[rows, width]`` matrices of the graph
+server; :data:`STATIC` names are the partition's own inputs, which never change, so a warm
+function container keeps them between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FUNCTION, VERTEX, GATHER, GATHER_BACKWARD = "function", "vertex", "gather", "gather_backward"
+STAGE_KINDS = (FUNCTION, VERTEX, GATHER, GATHER_BACKWARD)
+
+# How a stage's function gets the weights of its layer (DESIGN §3, weight stashing):
+PIN = "pin"        # the newest version, pinned under (part, interval, epoch, layer)
+STASH = "stash"    # the version the same key pinned in the forward pass
+NEWEST = "newest"  # the newest version, not pinned (evaluation)
+
+# Inputs every graph server holds for its owned rows: features, global ids, labels, split codes.
+STATIC = ("X", "ids", "labels", "split")
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str
+    task: str                       # the task's name in messages and metrics, e.g. "AV", "GA", "LOSS"
+    layer: int
+    reads: tuple[str, ...]
+    writes: tuple[str, ...] = ()
+    weights: str | None = None      # PIN, STASH, NEWEST, or None: the stage uses no weights
+    grad: bool = False              # the stage pushes dW of its layer to the parameter server
+    args: tuple[tuple[str, Any], ...] = ()  # model-specific, static per stage (dropout, activation, ...)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.layer)
+
+    @property
+    def backward(self) -> bool:
+        return self.weights == STASH or self.kind == GATHER_BACKWARD or self.task.endswith("_BWD")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The stages of one pass, in order, and the widths of the buffers they use."""
+
+    train: tuple[Stage, ...]
+    evaluate: tuple[Stage, ...]
+    widths: dict[str, int] = field(default_factory=dict)  # buffer name -> columns (static names excluded)
+
+    @property
+    def ghosted(self) -> frozenset[str]:
+        """Buffers Gather reads: they have ghost rows after the owned ones."""
+        return frozenset(s.reads[0] for s in (*self.train, *self.evaluate) if s.kind == GATHER)
+
+    def function_calls_per_interval(self, training: bool) -> int:
+        return sum(s.kind == FUNCTION for s in (self.train if training else self.evaluate))
+
+
+@dataclass
+class Result:
+    """What ``compute`` returns: rows for the buffers in ``stage.writes``, the layer's weight
+    gradient (stages with ``grad``, training only) and scalars (loss, accuracy counts)."""
+
+    rows: list[np.ndarray]            # one per name in the stage's ``writes``, in order
+    grad_w: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,27 @@
+"""Where a graph server's FUNCTION stages run (DESIGN §7): one module per backend.
+
+A backend runs one stage on one interval: ``await backend.run(event, priority)`` returns once the
+stage's result has been accepted by the graph server (``GraphServer.accept_result``) and its
+gradient by the parameter server, or raises :class:`graphserver.invoker.TaskFailed`. ``event``
+is the function's invoke payload (see :mod:`lambdas.handler`); ``priority`` orders calls waiting
+for a slot (DESIGN §3: older epoch first, then stage order, then interval). ``concurrency`` may
+change between epochs (autotuning); ``take_stats()`` returns and resets the counters
+(invocations, relaunches, failed_calls, busy and waiting time); ``close()`` releases it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: str | None, function_name: str):
+    if name == "cpu":
+        from graphserver.backends.cpu import CpuBackend
+
+        return CpuBackend(server, concurrency=concurrency)
+    if name == "lambda":
+        from graphserver.backends.serverless import LambdaBackend
+
+        return LambdaBackend(server.config, concurrency=concurrency, endpoint_url=lambda_endpoint,
+                             function_name=function_name)
+    raise ValueError(f"unknown backend {name!r}; known: cpu, lambda")

@@ -1,0 +1,61 @@
+"""The ``cpu`` backend: the model's ``compute`` runs in the graph server process, on its own
+rows, with no invoke and no tensor hop; weights still come from (and gradients go to) the
+parameter server, so versions and stashing behave as with functions."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any
+
+from dorylus.models import get_model
+from dorylus.protocol import Header, Op
+from graphserver.limiter import PriorityLimiter
+
+
+class CpuBackend:
+    def __init__(self, server, *, concurrency: int):
+        self.server = server
+        self.limiter = PriorityLimiter(concurrency)
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=server.config.intervals)
+        self.calls = 0
+
+    @property
+    def concurrency(self) -> int:
+        return self.limiter.capacity
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self.limiter.capacity = value
+
+    async def run(self, event: dict[str, Any], priority: tuple) -> None:
+        server = self.server
+        a, b = event["rows"]
+        layer, epoch, interval = event["layer"], event["epoch"], event["interval"]
+        async with self.limiter.slot(priority):
+            self.calls += 1
+            rows = [server.state.rows(name)[a:b] for name in event["reads"]]
+            w, meta = None, {}
+            if event["weights"]:
+                reply, (w,) = await server.ps.request(Header(
+                    Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
+                    meta={"weights": event["weights"]}), timeout=server.config.task_timeout_s)
+                meta = {"version": reply.version,
+                        "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
+            model = get_model(event["model"])
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor, model.compute, event["task"], layer, rows, w, event["args"])
+            if event["grad"] and result.grad_w is not None:
+                await server.ps.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval,
+                                               part=server.part_id, version=meta["version"]), [result.grad_w],
+                                        timeout=server.config.task_timeout_s)
+            meta.update(result.meta)
+            server.accept_result(event["pass"], event["task"], layer, epoch, interval, result.rows, meta)
+
+    def take_stats(self) -> dict[str, Any]:
+        stats = {"invocations": self.calls, **self.limiter.take_stats()}
+        self.calls = 0
+        return stats
+
+    async def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,41 @@
+"""Handler functions the invoker tests register (imported in the emulator's worker processes).
+
+Each misbehaves on some attempts only, reading ``event["attempt"]`` as the invoker sets it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def sleep(event, context):
+    """Sleep ``event["seconds"]`` and report it with the attempt number."""
+    time.sleep(event["seconds"])
+    return {"slept": event["seconds"], "attempt": event["attempt"]}
+
+
+def fail_first(event, context):
+    """Raise on attempts below ``event["fail_until"]`` (default 1); succeed after."""
+    if event["attempt"] < event.get("fail_until", 1):
+        raise ValueError(f"attempt {event['attempt']} fails on purpose")
+    return {"attempt": event["attempt"]}
+
+
+def fail(event, context):
+    """Raise on every attempt."""
+    raise ValueError(f"{event.get('message', 'boom')} (attempt {event['attempt']})")
+
+
+def straggle_first(event, context):
+    """Sleep ``event["straggle_s"]`` on attempt 0 only, then answer."""
+    if event["attempt"] == 0:
+        time.sleep(event["straggle_s"])
+    return {"attempt": event["attempt"]}
+
+
+def crash_first(event, context):
+    """Kill the sandbox (``Runtime.ExitError``) on attempt 0; succeed after."""
+    if event["attempt"] == 0:
+        os._exit(3)
+    return {"attempt": event["attempt"]}
