@@ -50,7 +50,8 @@ class _EpochRecord:
         self.staleness: list[int] = []
         self.weight_lag_max = 0
         self.intervals_done = 0
-        self.started = time.monotonic()
+        self.train_start: float | None = None  # the training pass: first interval in, last one out
+        self.train_end = 0.0
 
 
 class Scheduler:
@@ -89,7 +90,11 @@ class Scheduler:
     async def _interval(self, i: int) -> None:
         for epoch in range(self.first, self.last + 1):
             await self._epoch_gate(epoch)
+            record = self.records[epoch]
+            if record.train_start is None:
+                record.train_start = time.monotonic()
             await self._pass(i, epoch, "train")
+            record.train_end = max(record.train_end, time.monotonic())
             if self.evaluates(epoch):
                 await self._pass(i, epoch, "eval")
             self._interval_done(epoch)
@@ -250,7 +255,7 @@ class Scheduler:
         del self.records[epoch]
         self.finished = epoch
         server.forget_before(epoch - self.mode.staleness - 1)
-        if self.autotuner is not None:
-            new = self.autotuner.update(epoch_s, queued=stats.get("max_waiting", 0) > 0)
+        if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps
+            new = self.autotuner.update(record.train_end - record.train_start, queued=stats.get("max_waiting", 0) > 0)
             if new is not None:
                 server.backend.concurrency = new

@@ -1,5 +1,7 @@
 """Parameter server over real sockets: init, pull/push/step against torch.optim, order independence,
-duplicates, weight stash, bad messages, checkpoints, and the CLI as a subprocess."""
+duplicates, the weight stash (pin / stash / newest, pins released by their epoch's step), the
+self-stepping server (configure), deferred replies (wait_version, get_state of a future version),
+past states, bad messages, checkpoints, and the CLI as a subprocess."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ import zmq
 from dorylus import protocol as P
 from dorylus.config import TrainConfig
 from dorylus.models.spec import ModelSpec
-from dorylus.paramserver import ParameterServer, ParamServerError
+from dorylus.paramserver import KEPT_STATES, ParameterServer, ParamServerError
 from dorylus.protocol import Header, Op
 
 TIMEOUT = 5.0  # seconds; every receive and join in this file waits at most this long
+QUIET = 0.2    # seconds: how long a deferred reply must stay unsent to count as "not yet"
 SEED = 7
 F, C = 5, 3
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +48,26 @@ class Client:
         self.sock.connect(endpoint)
         self.req = 0
 
-    def request(self, header: Header, tensors=()) -> tuple[Header, list[np.ndarray]]:
+    def send(self, header: Header, tensors=()) -> int:
+        """Send a request without waiting for its reply; returns its request id."""
         self.req += 1
         P.send(self.sock, Header(**{**header.__dict__, "req": self.req}), tensors)
+        return self.req
+
+    def request(self, header: Header, tensors=()) -> tuple[Header, list[np.ndarray]]:
+        req = self.send(header, tensors)
         reply, out = P.recv(self.sock, timeout=TIMEOUT)
-        assert reply.req == self.req
+        assert reply.req == req
+        return reply, out
+
+    def quiet(self) -> bool:
+        """True when no reply arrives within ``QUIET`` s (a deferred reply not sent yet)."""
+        return not self.sock.poll(int(QUIET * 1000), zmq.POLLIN)
+
+    def answer(self, req: int) -> tuple[Header, list[np.ndarray]]:
+        """The (deferred) reply to request ``req``; it must arrive within ``TIMEOUT`` s."""
+        reply, out = P.recv(self.sock, timeout=TIMEOUT)
+        assert reply.req == req
         return reply, out
 
     def raw(self, frames: list[bytes]) -> tuple[Header, list[np.ndarray]]:
@@ -63,9 +81,18 @@ class Client:
 
     # the operations of a tensor function and of the coordinator
     def pull(self, layer: int, epoch: int, interval: int, version: int | None = None, part: int = 0, **meta):
+        reply, w = self.fetch(layer, epoch, interval, version=version, part=part, **meta)
+        return reply.version, w
+
+    def fetch(self, layer: int, epoch: int, interval: int, weights: str | None = None, version: int | None = None,
+              part: int = 0, **meta) -> tuple[Header, np.ndarray]:
+        """PULL_WEIGHTS with ``meta["weights"] = weights`` (omitted when None); the reply and W."""
+        if weights is not None:
+            meta["weights"] = weights
         reply, (w,) = self.ok(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval,
                                      version=version, part=part, meta=meta))
-        return reply.version, w
+        assert reply.op == Op.WEIGHTS and reply.layer == layer
+        return reply, w
 
     def push(self, layer: int, epoch: int, interval: int, grad: np.ndarray, part: int = 0, version: int = 0,
              attempt: int = 0) -> bool:
@@ -99,15 +126,21 @@ def ctx():
 
 @pytest.fixture
 def cluster(ctx):
-    """``make(**kwargs) -> (server, client)``; every server is closed (loop joined) afterwards."""
+    """``make(**kwargs) -> (server, client)``, and ``make.connect(server) -> client`` for another
+    peer (one that waits on a deferred reply); every client and server is closed (loop joined)
+    afterwards."""
     servers, clients = [], []
+
+    def connect(server: ParameterServer) -> Client:
+        clients.append(Client(ctx, server.endpoint))
+        return clients[-1]
 
     def make(spec: ModelSpec = SPEC, optimizer: str = "adam", lr: float = 0.01):
         server = ParameterServer(spec, SEED, optimizer, lr).start()
         servers.append(server)
-        clients.append(Client(ctx, server.endpoint))
-        return server, clients[-1]
+        return server, connect(server)
 
+    make.connect = connect
     yield make
     for client in clients:
         client.close()

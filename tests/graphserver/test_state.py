@@ -1,34 +1,64 @@
+"""PartitionState: the plan's buffers, per-interval Gather, its backward, and the static inputs."""
+
 import numpy as np
 import pytest
 
 from dorylus.config import TrainConfig
-from dorylus.masks import keep_mask
+from dorylus.models.base import GATHER, GATHER_BACKWARD, STATIC
+from dorylus.models.gcn import TEST, TRAIN, VAL, build_plan
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import gcn_normalize, row_normalize
 from dorylus.partition import assign_parts, open_store, write_store
 from graphserver.state import PartitionState, split_intervals
 from tests.graphs import random_graph
 
+NUM_NODES, NUM_FEATURES, NUM_CLASSES, NUM_PARTS = 40, 6, 3, 3
 
-def test_split_intervals_cover_rows():
+
+# ----------------------------------------------------------------------------- split_intervals
+
+
+def test_split_intervals_examples():
     assert split_intervals(10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert split_intervals(10, 1) == [(0, 10)]
     assert split_intervals(2, 5) == [(0, 1), (1, 2)]
     assert split_intervals(0, 3) == [(0, 0)]
+    assert split_intervals(5, 0) == [(0, 5)]
 
 
-@pytest.fixture
-def states(tmp_path):
-    graph = random_graph(num_nodes=50, num_edges=160, num_features=6)
-    write_store(graph, assign_parts(50, graph.src, graph.dst, 3, "random", seed=1), tmp_path / "s",
-                method="random", seed=1)
-    store = open_store(tmp_path / "s")
-    config = TrainConfig(hidden=4, input_dropout=0.5)
-    spec = ModelSpec.from_config(config, 6, graph.num_classes)
-    parts = [PartitionState(store.load_part(i), spec, seed=3, row_normalize_features=True, num_intervals=2)
-             for i in range(3)]
-    return graph, parts
+@pytest.mark.parametrize("rows", [*range(0, 25), 97, 1000])
+def test_split_intervals_cover_rows_contiguously_and_evenly(rows):
+    for count in range(1, 30):
+        intervals = split_intervals(rows, count)
+        assert len(intervals) == max(1, min(count, rows))
+        assert intervals[0][0] == 0 and intervals[-1][1] == rows
+        for (_, stop), (start, _) in zip(intervals[:-1], intervals[1:]):
+            assert stop == start
+        sizes = [b - a for a, b in intervals]
+        assert max(sizes) - min(sizes) <= 1
+        if rows:
+            assert min(sizes) >= 1  # fewer intervals than asked, never an empty one
+        assert all(isinstance(a, int) and isinstance(b, int) for a, b in intervals)
 
 
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return random_graph(num_nodes=NUM_NODES, num_edges=120, num_features=NUM_FEATURES, num_classes=NUM_CLASSES,
+                        seed=4)
+
+
+@pytest.fixture(scope="module")
+def store(graph, tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "s"
+    parts = assign_parts(NUM_NODES, graph.src, graph.dst, NUM_PARTS, "random", seed=1)
+    write_store(graph, parts, path, method="random", seed=1)
+    return open_store(path)
+
+
+@pytest.fixture(scope="module")
 def dense_adjacency(graph):
     adj = gcn_normalize(graph.src, graph.dst, graph.num_nodes)
     dense = np.zeros((graph.num_nodes, graph.num_nodes))
@@ -36,29 +66,205 @@ def dense_adjacency(graph):
     return dense
 
 
-@pytest.mark.parametrize("training", [True, False])
-def test_interval_gather_equals_dense_product(states, training):
-    graph, parts = states
-    a = dense_adjacency(graph)
-    x = row_normalize(graph.features).astype(np.float64)
-    if training:
-        x = x * keep_mask(3, 7, 0, np.arange(graph.num_nodes), x.shape[1], 0.5) * 2
-    expected = a @ x
-    for s in parts:
-        s.X[s.n_owned:] = row_normalize(graph.features)[s.part.ghosts]  # what the startup exchange fills in
-        source = s.gather_input(0, epoch=7, training=training)
-        for i in range(len(s.intervals)):
-            s.gather(0, i, source)
-        np.testing.assert_allclose(s.Z[0], expected[s.owned_ids], rtol=1e-5, atol=1e-6)
+# hidden 4 < 6 features: every layer projects first (P/Y/dY/dP); hidden 8: layer 0 gathers first
+# (H/Z); three layers of 8 -> gather first, then gather first, then project first (8 > 3 classes).
+CONFIGS = {
+    "project-first": dict(hidden=4, layers=2),
+    "mixed": dict(hidden=8, layers=2),
+    "three-layers": dict(hidden=8, layers=3),
+}
 
 
-def test_backward_gather_spreads_to_ghost_rows(states):
-    graph, parts = states
-    a = dense_adjacency(graph)
-    rng = np.random.default_rng(0)
-    grad_z = rng.standard_normal((graph.num_nodes, 6)).astype(np.float32)
-    total = np.zeros((graph.num_nodes, 6))
-    for s in parts:
-        s.GZ[0][:] = grad_z[s.owned_ids]
-        np.add.at(total, s.global_ids, s.gather_backward(0))  # ghost rows belong to their owners
-    np.testing.assert_allclose(total, a.T @ grad_z, rtol=1e-5, atol=1e-6)
+def make_plan(name):
+    spec = ModelSpec.from_config(TrainConfig(**CONFIGS[name]), NUM_FEATURES, NUM_CLASSES)
+    return build_plan(spec)
+
+
+def local_dense(part, dense):
+    """A_hat restricted to the part's owned rows and [owned; ghost] columns, from the global matrix."""
+    return dense[np.ix_(part.owned, part.global_ids())]
+
+
+# ----------------------------------------------------------------------------- buffers
+
+
+def test_project_first_buffer_names():
+    plan = make_plan("project-first")
+    assert plan.ghosted == {"P0", "P1"}
+    state_names = {n for s in (*plan.train, *plan.evaluate) for n in (*s.reads, *s.writes)} - set(STATIC)
+    assert state_names == {"P0", "Y0", "dY0", "dP0", "P1", "Y1", "dY1", "dP1"}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_buffers_are_exactly_the_plans_names(store, config):
+    plan = make_plan(config)
+    used = {n for s in (*plan.train, *plan.evaluate) for n in (*s.reads, *s.writes)}
+    expected = used - set(STATIC)
+    assert expected and expected <= set(plan.widths)
+    for i in range(NUM_PARTS):
+        part = store.load_part(i)
+        state = PartitionState(part, plan, row_normalize_features=True, num_intervals=3)
+        assert set(state.buffers) == expected
+        assert not set(state.buffers) & set(STATIC)
+        assert set(state.static) == set(STATIC)
+        ghosted = {s.reads[0] for s in (*plan.train, *plan.evaluate) if s.kind == GATHER}
+        assert ghosted == plan.ghosted and ghosted <= expected
+        for name, buf in state.buffers.items():
+            rows = part.n_local if name in ghosted else part.n_owned
+            assert buf.shape == (rows, plan.widths[name]), name
+            assert buf.dtype == np.float32 and buf.flags.c_contiguous and buf.flags.writeable
+            assert not buf.any()
+            assert state.rows(name) is buf
+        for name in STATIC:
+            assert state.rows(name) is state.static[name]
+        with pytest.raises(KeyError):
+            state.rows("no-such-buffer")
+
+
+def test_parts_have_ghosts(store):
+    # The Gather tests below are only meaningful if ghost columns exist.
+    assert all(store.load_part(i).n_ghost > 0 for i in range(NUM_PARTS))
+
+
+# ----------------------------------------------------------------------------- Gather
+
+
+def test_local_adjacency_is_the_global_rows(store, dense_adjacency):
+    """The partition's local A_hat carries each owned row's every entry (nothing lost to the cut)."""
+    for i in range(NUM_PARTS):
+        part = store.load_part(i)
+        local = local_dense(part, dense_adjacency)
+        np.testing.assert_allclose(local.sum(axis=1), dense_adjacency[part.owned].sum(axis=1), rtol=1e-6)
+        from_store = np.zeros((part.n_owned, part.n_local))
+        rows = np.repeat(np.arange(part.n_owned), np.diff(part.indptr))
+        from_store[rows, part.indices] = part.weights
+        np.testing.assert_allclose(from_store, local, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("num_intervals", [1, 3, 1000])
+def test_interval_gather_equals_dense_product(store, dense_adjacency, config, num_intervals):
+    plan = make_plan(config)
+    rng = np.random.default_rng(7)
+    pairs = sorted({(s.reads[0], s.writes[0]) for s in plan.train if s.kind == GATHER})
+    assert pairs
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        state = PartitionState(part, plan, row_normalize_features=False, num_intervals=num_intervals)
+        assert len(state.intervals) == min(num_intervals, part.n_owned)
+        a = local_dense(part, dense_adjacency)
+        for src, dst in pairs:
+            state.buffers[src][:] = rng.standard_normal(state.buffers[src].shape).astype(np.float32)
+            sentinel = np.float32(-12345.0)
+            state.buffers[dst][:] = sentinel
+            expected = a @ state.buffers[src].astype(np.float64)
+            src_before = state.buffers[src].copy()
+            for k, (lo, hi) in enumerate(state.intervals):
+                state.gather(src, dst, k)
+                out = state.buffers[dst]
+                np.testing.assert_allclose(out[lo:hi], expected[lo:hi], rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(out[:hi], expected[:hi], rtol=1e-5, atol=1e-5)  # earlier kept
+                assert (out[hi:] == sentinel).all(), f"interval {k} wrote rows beyond {hi}"
+            np.testing.assert_array_equal(state.buffers[src], src_before)
+            assert state.buffers[dst].dtype == np.float32
+
+
+def test_gather_reads_ghost_rows(store, dense_adjacency):
+    """Changing only the ghost rows of the source changes Gather's result by A_local[:, ghosts]."""
+    plan = make_plan("project-first")
+    part = store.load_part(0)
+    state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
+    a = local_dense(part, dense_adjacency)
+    state.buffers["P0"][: part.n_owned] = 0.0
+    state.buffers["P0"][part.n_owned:] = 1.0
+    for k in range(len(state.intervals)):
+        state.gather("P0", "Y0", k)
+    np.testing.assert_allclose(state.buffers["Y0"][:, 0], a[:, part.n_owned:].sum(axis=1), rtol=1e-5, atol=1e-6)
+    assert state.buffers["Y0"].any()
+
+
+# ----------------------------------------------------------------------------- Gather backward
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_gather_backward_equals_dense_transpose(store, dense_adjacency, config):
+    plan = make_plan(config)
+    rng = np.random.default_rng(11)
+    sources = sorted({s.reads[0] for s in plan.train if s.kind == GATHER_BACKWARD})
+    assert sources
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        state = PartitionState(part, plan, row_normalize_features=False, num_intervals=3)
+        a = local_dense(part, dense_adjacency)
+        for src in sources:
+            buf = state.buffers[src]
+            buf[:] = rng.standard_normal(buf.shape).astype(np.float32)
+            before = buf.copy()
+            out = state.gather_backward(src)
+            assert out.shape == (part.n_local, plan.widths[src]) and out.dtype == np.float32
+            np.testing.assert_allclose(out, a.T @ buf[: part.n_owned].astype(np.float64), rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(buf, before)
+
+
+def test_gather_backward_uses_owned_rows_of_a_ghosted_buffer(store, dense_adjacency):
+    plan = make_plan("project-first")
+    part = store.load_part(1)
+    state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
+    buf = state.buffers["P0"]  # ghosted: n_local rows; the ghost rows must be ignored
+    buf[: part.n_owned] = np.arange(part.n_owned * buf.shape[1], dtype=np.float32).reshape(part.n_owned, -1)
+    buf[part.n_owned:] = 1e6
+    a = local_dense(part, dense_adjacency)
+    np.testing.assert_allclose(state.gather_backward("P0"), a.T @ buf[: part.n_owned], rtol=1e-5, atol=1e-4)
+
+
+def test_gather_backward_sums_to_the_global_transpose(store, dense_adjacency):
+    """Each part's ghost-row contributions, summed at their owners, give A_hat^T · G globally."""
+    plan = make_plan("project-first")
+    grad = np.random.default_rng(3).standard_normal((NUM_NODES, plan.widths["dY0"])).astype(np.float32)
+    total = np.zeros(grad.shape)
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
+        state.buffers["dY0"][:] = grad[part.owned]
+        np.add.at(total, part.global_ids(), state.gather_backward("dY0"))
+    np.testing.assert_allclose(total, dense_adjacency.T @ grad, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- static inputs
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_static_inputs(store, graph, normalize):
+    plan = make_plan("mixed")
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        state = PartitionState(part, plan, row_normalize_features=normalize, num_intervals=2)
+        x = state.static["X"]
+        assert x.shape == (part.n_owned, NUM_FEATURES) and x.dtype == np.float32
+        features = graph.features[part.owned]
+        np.testing.assert_allclose(x, row_normalize(features) if normalize else features, rtol=1e-6)
+        if normalize:
+            sums = x.sum(axis=1)
+            np.testing.assert_allclose(sums[np.abs(features.sum(axis=1)) > 1e-6], 1.0, rtol=1e-4)
+        ids = state.static["ids"]
+        np.testing.assert_array_equal(ids, part.owned)
+        np.testing.assert_array_equal(ids, state.global_ids[: part.n_owned])
+        assert ids.shape == (part.n_owned,)
+        labels = state.static["labels"]
+        assert labels.dtype == np.int64
+        np.testing.assert_array_equal(labels, graph.labels[part.owned])
+        split = state.static["split"]
+        assert split.dtype == np.uint8 and split.shape == (part.n_owned,)
+        np.testing.assert_array_equal((split & TRAIN) != 0, graph.train_mask[part.owned])
+        np.testing.assert_array_equal((split & VAL) != 0, graph.val_mask[part.owned])
+        np.testing.assert_array_equal((split & TEST) != 0, graph.test_mask[part.owned])
+        assert not (split & ~np.uint8(TRAIN | VAL | TEST)).any()
+        for name in STATIC:
+            assert state.static[name].flags.c_contiguous
+
+
+def test_global_ids_are_owned_then_ghosts(store):
+    part = store.load_part(2)
+    state = PartitionState(part, make_plan("mixed"), row_normalize_features=True, num_intervals=4)
+    np.testing.assert_array_equal(state.global_ids, np.concatenate([part.owned, part.ghosts]))
+    assert state.n_owned == part.n_owned

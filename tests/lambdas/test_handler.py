@@ -1,18 +1,309 @@
+"""The generic function handler (lambdas.handler) against tiny fake graph and parameter servers.
+
+Two ZeroMQ ROUTER sockets on 127.0.0.1 (random ports), served by one background thread, stand
+in for the graph server and the parameter server and answer PULL / PUSH and PULL_WEIGHTS /
+PUSH_GRADS per dorylus.protocol, logging every request. Events are built by the graph server's
+own ``GraphServer.event`` on a stand-in ``self``, and pass through JSON as a Lambda payload does.
+"""
+
+from __future__ import annotations
+
+import json
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import zmq
 
-from lambdas.handler import compute_task
+import lambdas.handler as handler_module
+from dorylus import protocol
+from dorylus.models import gcn
+from dorylus.models.base import FUNCTION, STATIC
+from dorylus.models.spec import LayerSpec, ModelSpec
+from dorylus.protocol import Header, Op
+from graphserver.server import GraphServer
+from lambdas.handler import FunctionTaskError, handler
+
+SEED, PART, VERSION, NEWEST = 11, 1, 3, 5
+INTERVALS = [(0, 4), (4, 10)]
+N_ROWS = 10
+WAIT_S = 10.0
 
 
 def test_function_bundle_imports_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; import lambdas.handler; "
-            "loaded = {m for m, mod in sys.modules.items() if mod is not None}; "
-            "assert not {m for m in loaded if m.startswith(('torch', 'dorylus.models', 'graphserver'))}, loaded")
+    """The bundle (handler, protocol, the torch-free model modules) never imports torch or the graph server."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np\n"
+        "import lambdas.handler\n"
+        "from dorylus.models import get_model\n"
+        "gcn = get_model('gcn')\n"
+        "r = gcn.compute('AV', 0, [np.ones((2, 3), np.float32)], np.ones((3, 2), np.float32),\n"
+        "                {'project_first': False, 'seed': 0, 'epoch': 1, 'training': True, 'train_count': 1})\n"
+        "assert r.rows[0].shape == (2, 2)\n"
+        "loaded = {m for m, mod in sys.modules.items() if mod is not None}\n"
+        "bad = {m for m in loaded if m.startswith(('torch', 'graphserver', 'dorylus.models.reference'))}\n"
+        "assert not bad, bad\n"
+        "assert {'dorylus.models', 'dorylus.models.gcn', 'dorylus.protocol'} <= loaded, loaded\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_unknown_task_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown task 'AE'"):
-        compute_task({"task": "AE", "seed": 0, "epoch": 1, "layer": 0}, {}, None)
+# ----------------------------------------------------------------------------- fake servers
+
+
+class FakeServers:
+    """A graph server and a parameter server in one thread; every request is logged."""
+
+    def __init__(self, buffers: dict[str, np.ndarray], weights: list[np.ndarray]):
+        self.buffers, self.weights = buffers, weights
+        self.log: list[tuple[str, Header, list[np.ndarray]]] = []
+        self.errors: list[BaseException] = []
+        self.refuse: set[Op] = set()   # answer these ops with ERROR
+        self.ignore: set[Op] = set()   # never answer these
+        self.ctx = zmq.Context()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="fake-servers", daemon=True)
+        self.graph = self.params = None
+        try:
+            self.graph, self.graph_endpoint = self._bind()
+            self.params, self.params_endpoint = self._bind()
+            self._thread.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _bind(self) -> tuple[zmq.Socket, str]:
+        socket = self.ctx.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.LINGER, 0)
+        port = socket.bind_to_random_port("tcp://127.0.0.1")
+        return socket, f"tcp://127.0.0.1:{port}"
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.graph, zmq.POLLIN)
+        poller.register(self.params, zmq.POLLIN)
+        while not self._stop.is_set():
+            for socket, _ in poller.poll(50):
+                try:
+                    self._answer(socket)
+                except Exception as exc:  # noqa: BLE001 - surfaced by the fixture
+                    self.errors.append(exc)
+
+    def _answer(self, socket: zmq.Socket) -> None:
+        identity, header, tensors = protocol.recv_routed(socket, timeout=1.0)
+        who = "graph" if socket is self.graph else "params"
+        self.log.append((who, header, [np.array(t) for t in tensors]))
+        if header.op in self.ignore:
+            return
+        if header.op in self.refuse:
+            reply, out = Header(Op.ERROR, req=header.req, code="bad_field", message="refused by the test"), []
+        elif who == "graph" and header.op is Op.PULL:
+            start, stop = header.rows
+            reply, out = protocol.reply_to(header, Op.ROWS), [self.buffers[n][start:stop] for n in header.names]
+        elif who == "graph" and header.op is Op.PUSH:
+            reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
+        elif who == "params" and header.op is Op.PULL_WEIGHTS:
+            reply = protocol.reply_to(header, Op.WEIGHTS, version=VERSION, meta={"newest": NEWEST})
+            out = [self.weights[header.layer]]
+        elif who == "params" and header.op is Op.PUSH_GRADS:
+            reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
+        else:
+            raise AssertionError(f"{who} got unexpected {header.op.value}")
+        protocol.send_routed(socket, identity, reply, out)
+
+    def take_log(self) -> list[tuple[str, Header, list[np.ndarray]]]:
+        log, self.log = self.log, []
+        return log
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for socket in (self.graph, self.params):
+            if socket is not None:
+                socket.close(linger=0)
+        self.ctx.term()
+        assert not self._thread.is_alive(), "fake server thread did not stop"
+
+
+class LambdaContext:
+    """What the handler reads of Lambda's context: the time left bounds every wait."""
+
+    def __init__(self, remaining_ms: int = int(WAIT_S * 1000)):
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+def make_spec(dims: tuple[int, ...]) -> ModelSpec:
+    last = len(dims) - 2
+    return ModelSpec("gcn", tuple(
+        LayerSpec(index=i, in_dim=dims[i], out_dim=dims[i + 1], dropout=0.5,
+                  activation=None if i == last else "relu", weight_decay=0.0)
+        for i in range(len(dims) - 1)))
+
+
+def make_buffers(plan, num_features: int, num_classes: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    split = np.array([gcn.TRAIN, gcn.VAL, gcn.TEST, 0, gcn.TRAIN] * 2, np.uint8)
+    labels = rng.integers(0, num_classes, N_ROWS).astype(np.int64)
+    labels[split == 0] = -1
+    buffers = {"X": rng.standard_normal((N_ROWS, num_features)).astype(np.float32),
+               "ids": (1000 + 3 * np.arange(N_ROWS)).astype(np.int64),  # global ids, not local rows
+               "labels": labels, "split": split}
+    for name, width in plan.widths.items():
+        buffers[name] = rng.standard_normal((N_ROWS, width)).astype(np.float32)
+    return buffers
+
+
+SPECS = {"8-4-7": (8, 4, 7), "8-16-7": (8, 16, 7)}
+
+
+@pytest.fixture(params=list(SPECS))
+def setup(request, monkeypatch):
+    """(spec, plan, servers); a cold container; servers and their thread closed even on failure."""
+    monkeypatch.setattr(handler_module, "_static_rows", {})
+    dims = SPECS[request.param]
+    spec = make_spec(dims)
+    plan = gcn.build_plan(spec)
+    servers = FakeServers(make_buffers(plan, dims[0], dims[-1]), spec.init_weights(SEED))
+    try:
+        yield spec, plan, servers
+    finally:
+        servers.close()
+    assert not servers.errors, servers.errors
+
+
+def make_event(servers: FakeServers, stage, pass_: str, epoch: int, interval: int, run: str) -> dict:
+    """The payload the graph server sends, built by GraphServer.event itself, through JSON."""
+    fake = SimpleNamespace(state=SimpleNamespace(intervals=INTERVALS), config=SimpleNamespace(model="gcn", seed=SEED),
+                           meta=SimpleNamespace(train_count=4), endpoint=servers.graph_endpoint,
+                           param_server=servers.params_endpoint, part_id=PART, run_token=run)
+    fake.stage_args = lambda *a: GraphServer.stage_args(fake, *a)
+    return json.loads(json.dumps(GraphServer.event(fake, stage, pass_, epoch, interval)))
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[str], grad: bool) -> dict:
+    """Run ``handler(event)`` and check every message it sent against what gcn.compute gives."""
+    start, stop = event["rows"]
+    summary = handler(event, LambdaContext())
+    log = servers.take_log()
+    ops = [(who, h.op) for who, h, _ in log]
+    expected_ops = ([("graph", Op.PULL)] if expected_pull else []) + \
+                   ([("params", Op.PULL_WEIGHTS)] if stage.weights else []) + \
+                   ([("params", Op.PUSH_GRADS)] if grad else []) + [("graph", Op.PUSH)]
+    assert ops == expected_ops, (stage.task, stage.layer, event["pass"], ops)
+    by_op = {h.op: (h, t) for _, h, t in log}
+    ident = dict(epoch=event["epoch"], layer=stage.layer, interval=event["interval"], part=PART)
+
+    if expected_pull:
+        pull, _ = by_op[Op.PULL]
+        assert list(pull.names) == expected_pull
+        assert (pull.task, pull.rows, pull.meta["pass"]) == (stage.task, (start, stop), event["pass"])
+        assert {k: getattr(pull, k) for k in ident} == ident
+
+    w = None
+    if stage.weights:
+        pull_w, _ = by_op[Op.PULL_WEIGHTS]
+        assert pull_w.meta == {"weights": stage.weights if event["pass"] == "train" else "newest"}
+        assert {k: getattr(pull_w, k) for k in ident} == ident
+        w = servers.weights[stage.layer]
+
+    expected = gcn.compute(stage.task, stage.layer, [servers.buffers[n][start:stop] for n in stage.reads], w,
+                           event["args"])
+    if grad:
+        push_g, (grad_w,) = by_op[Op.PUSH_GRADS]
+        assert push_g.version == VERSION and {k: getattr(push_g, k) for k in ident} == ident
+        # same numpy code on the same float32 inputs in the same process: equal up to BLAS kernel choice
+        np.testing.assert_allclose(grad_w, expected.grad_w, rtol=1e-6, atol=1e-7)
+
+    push, rows = by_op[Op.PUSH]
+    assert list(push.names) == list(stage.writes) == event["writes"]
+    assert (push.task, push.rows, push.meta["pass"]) == (stage.task, (start, stop), event["pass"])
+    assert {k: getattr(push, k) for k in ident} == ident
+    assert len(rows) == len(expected.rows)
+    for got, want in zip(rows, expected.rows):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    for key, value in expected.meta.items():
+        assert push.meta[key] == pytest.approx(value, rel=1e-6) and summary[key] == push.meta[key]
+    if stage.weights:
+        assert push.meta["version"] == summary["version"] == VERSION
+        assert push.meta["weight_lag"] == summary["weight_lag"] == NEWEST - VERSION
+    assert (summary["task"], summary["layer"], summary["interval"]) == (stage.task, stage.layer, event["interval"])
+    return summary
+
+
+def test_handler_pulls_computes_and_pushes(setup):
+    spec, plan, servers = setup
+    cached: set[tuple[str, int, str]] = set()
+
+    def call(stage, pass_, epoch, interval, run, grad=None):
+        event = make_event(servers, stage, pass_, epoch, interval, run)
+        assert event["grad"] == (stage.grad and pass_ == "train")
+        if grad is not None:
+            event["grad"] = grad
+        if any(key[0] != run for key in cached):
+            cached.clear()
+        pull = [n for n in stage.reads if n not in STATIC or (run, interval, n) not in cached]
+        cached.update((run, interval, n) for n in stage.reads if n in STATIC)
+        _check_call(servers, stage, event, pull, grad=event["grad"] and stage.grad)
+        return pull
+
+    train = [s for s in plan.train if s.kind == FUNCTION]
+    evaluate = [s for s in plan.evaluate if s.kind == FUNCTION]
+    pulls = {}
+    for interval in (0, 1):
+        for stage in train:
+            pulls[(stage.key, interval, 1)] = call(stage, "train", 1, interval, "run-a")
+    for stage in evaluate:
+        call(stage, "eval", 1, 0, "run-a")
+    for stage in train:
+        pulls[(stage.key, 0, 2)] = call(stage, "train", 2, 0, "run-a")
+    for stage in train:  # a new run token: static rows are pulled again
+        pulls[(stage.key, 0, "b")] = call(stage, "train", 1, 0, "run-b")
+    (last,) = [s for s in train if s.grad and s.layer == len(spec.layers) - 1]
+    call(last, "train", 3, 1, "run-b", grad=False)  # an event without grad pushes no dW
+
+    # the concrete cases, spelled out
+    av0 = next(s for s in train if s.key == ("AV", 0))
+    if av0.reads == ("X", "ids"):  # project first: AV0 reads only static rows
+        assert pulls[(("AV", 0), 0, 1)] == ["X", "ids"]
+        assert pulls[(("AV", 0), 1, 1)] == ["X", "ids"]  # another interval
+        assert pulls[(("AV", 0), 0, 2)] == []            # the same (run, part, interval): no PULL at all
+        assert pulls[(("AV", 0), 0, "b")] == ["X", "ids"]
+    else:
+        assert av0.reads == ("Z0",) and pulls[(("AV", 0), 0, 2)] == ["Z0"]
+    loss = next(s for s in train if "LOSS" in s.task)
+    assert pulls[(loss.key, 0, 1)][-2:] == ["labels", "split"]
+    assert "labels" not in pulls[(loss.key, 0, 2)] and pulls[(loss.key, 0, "b")][-2:] == ["labels", "split"]
+    assert {s.weights for s in train} >= {"pin", "stash"}
+
+
+def test_server_error_is_a_named_function_error(setup):
+    _, plan, servers = setup
+    stage = next(s for s in plan.train if s.kind == FUNCTION and s.grad)
+    servers.refuse = {Op.PUSH}
+    event = make_event(servers, stage, "train", 4, 1, "run-x")
+    with pytest.raises(FunctionTaskError, match=rf"{stage.task} interval 1 epoch 4 layer {stage.layer} \(part 1\).*"
+                                                r"refused PUSH: bad_field: refused by the test"):
+        handler(event, LambdaContext())
+    assert servers.take_log()[-1][1].op is Op.PUSH
+
+
+def test_silent_server_times_out_within_the_deadline(setup):
+    _, plan, servers = setup
+    stage = next(s for s in plan.train if s.kind == FUNCTION and s.weights)
+    servers.ignore = {Op.PULL_WEIGHTS}
+    event = make_event(servers, stage, "train", 1, 0, "run-y")
+    # 700 ms left, 500 ms kept as margin: the handler waits 0.2 s, not MAX_WAIT_S
+    with pytest.raises(FunctionTaskError, match="did not answer PULL_WEIGHTS"):
+        handler(event, LambdaContext(remaining_ms=700))
