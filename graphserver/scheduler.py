@@ -154,6 +154,7 @@ class Scheduler:
         priority = (epoch, PASSES.index(pass_), k, i)
         call = describe(event)
         server.in_flight[call] = time.monotonic()
+        server.await_result(pass_, stage.task, stage.layer, epoch, i)
         try:
             await server.backend.run(event, priority)
         finally:
@@ -254,7 +255,6 @@ class Scheduler:
         server.reports.append(report)
         del self.records[epoch]
         self.finished = epoch
-        server.forget_before(epoch - self.mode.staleness - 1)
         if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps
             new = self.autotuner.update(record.train_end - record.train_start, queued=stats.get("max_waiting", 0) > 0)
             if new is not None:

@@ -115,9 +115,10 @@ class GraphServer:
         self.ps: AsyncPeer | None = None
         self.ps_wait: AsyncPeer | None = None  # wait_version requests block: not on the pulls' socket
         self.endpoint = ""
-        # Results pushed by functions: (pass, task, layer, epoch, interval) -> meta; the first push wins.
+        # Calls in progress, (pass, task, layer, epoch, interval), and the results pushed for them:
+        # the first push of an awaited call wins; any other push is acknowledged and dropped.
+        self.awaited: set[tuple] = set()
         self.results: dict[tuple, dict[str, Any]] = {}
-        self.accepted: set[tuple] = set()
         # Ghost rows from peers: (pass, SC | SC_BWD, buffer) -> peer -> (epoch, rows); the newest kept.
         self.inbox: dict[tuple[str, str, str], dict[int, tuple[int, np.ndarray]]] = defaultdict(dict)
         self.inbox_changed = asyncio.Event()
@@ -240,29 +241,29 @@ class GraphServer:
     def accept_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int,
                       rows: Sequence[np.ndarray], meta: dict[str, Any], *, rows_range=None) -> bool:
         """Store a stage's result for one interval (from a function's PUSH or the cpu backend);
-        True if a result for the same key was already accepted, in which case nothing is written."""
+        True if no call awaits it (a late duplicate, or a push for a call never made), in which
+        case nothing is written."""
         key = (pass_, task, layer, epoch, interval)
-        if key in self.accepted:
+        if key not in self.awaited or key in self.results:
             self.counters["duplicate_pushes"] += 1
             return True
         stage = self.stages[(pass_, task, layer)]
         a, b = self.state.intervals[interval] if rows_range is None else rows_range
         for name, values in zip(stage.writes, rows):
             self.state.buffers[name][a:b] = values
-        self.accepted.add(key)
         self.results[key] = meta
         return False
 
+    def await_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int) -> None:
+        self.awaited.add((pass_, task, layer, epoch, interval))
+
     def take_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int) -> dict[str, Any]:
         key = (pass_, task, layer, epoch, interval)
+        self.awaited.discard(key)
         if key not in self.results:
             raise TaskFailed(f"{task} interval {interval} epoch {epoch} layer {layer} on graph server "
                              f"{self.part_id}: the function returned without pushing its result")
         return self.results.pop(key)
-
-    def forget_before(self, epoch: int) -> None:
-        """Drop the duplicate-detection keys of epochs before ``epoch`` (their stages are long done)."""
-        self.accepted = {k for k in self.accepted if k[3] >= epoch}
 
     def run_vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
         a, b = self.state.intervals[interval]

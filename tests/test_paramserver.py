@@ -61,8 +61,15 @@ class Client:
         return reply, out
 
     def quiet(self) -> bool:
-        """True when no reply arrives within ``QUIET`` s (a deferred reply not sent yet)."""
+        """True when no reply arrives within ``QUIET`` s."""
         return not self.sock.poll(int(QUIET * 1000), zmq.POLLIN)
+
+    def waiting(self) -> bool:
+        """True when the server has received this peer's earlier (deferred) request and not answered
+        it yet: a STATS probe sent now is answered first (one socket keeps the order both ways)."""
+        probe = self.send(Header(Op.STATS))
+        reply, _ = P.recv(self.sock, timeout=TIMEOUT)
+        return reply.req == probe and reply.op == Op.STATS
 
     def answer(self, req: int) -> tuple[Header, list[np.ndarray]]:
         """The (deferred) reply to request ``req``; it must arrive within ``TIMEOUT`` s."""
@@ -264,45 +271,340 @@ def test_duplicate_and_late_pushes_are_acked_and_dropped(cluster):
         np.testing.assert_array_equal(a, b)
 
 
-def test_weight_stash_pins_serves_and_frees_versions(cluster):
+def _step(client: Client, epoch: int, contributions: dict) -> int:
+    """Push every contribution of ``epoch`` and step it by command; returns the new version."""
+    _push_epoch(client, epoch, contributions)
+    reply, _ = client.ok(Header(Op.COMMAND, meta={"command": "step", "epoch": epoch}))
+    assert reply.op == Op.ACK
+    return reply.meta["version"]
+
+
+def _expect_error(client: Client, header: Header, code: str, words: str = "") -> Header:
+    reply, out = client.request(header)
+    assert (reply.op, reply.code, out) == (Op.ERROR, code, []), reply
+    assert words in reply.message, (words, reply.message)
+    return reply
+
+
+def test_stash_returns_the_forward_pin_after_newer_steps(cluster):
+    """A forward of epoch 3 pins version 0; two steps later its backward (stash) still gets
+    version 0, a relaunched forward gets version 0 too, newest gets version 2 and pins nothing."""
     _, client = cluster()
     init = SPEC.init_weights(SEED)
     rng = np.random.default_rng(4)
-    g = _grads(rng, 1, 2)
-    # forward of (layer 0, epoch 1, interval 0) pins version 0
-    assert client.pull(0, 1, 0)[0] == 0
-    # the other interval finishes the epoch; the step makes version 1
-    _push_epoch(client, 1, {(0, 1): g[(0, 1)]})
-    assert client.command("step", epoch=1)[0].meta["version"] == 1
-    assert client.stats()["stashed_versions"] == 2
-    # backward of the pinned key gets exactly version 0; a relaunched forward gets the pinned version
-    version, w = client.pull(0, 1, 0, version=0)
-    assert version == 0
-    np.testing.assert_array_equal(w, init[0])
-    version, w = client.pull(0, 1, 0)
-    assert version == 0
-    np.testing.assert_array_equal(w, init[0])
-    # another key pulls the current version; the same interval id in another part is another key
-    assert client.pull(0, 2, 0)[0] == 1
-    assert client.pull(1, 1, 0, part=1)[0] == 1
-    new = client.weights()[0]
-    assert not np.array_equal(new, init[0])
-    assert client.stats()["pinned"] == 3
-    # release by the gradient push of the key (epoch 1 is stepped: ACKed as a duplicate, still releases)
-    assert client.push(0, 1, 0, g[(0, 0)][0]) is True
-    stats = client.stats()
-    assert stats["pinned"] == 2 and stats["stashed_versions"] == 1
-    reply, _ = client.request(Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, version=0))
-    assert reply.op == Op.ERROR and reply.code == "out_of_range"
-    assert "version 0" in reply.message and "current version 1" in reply.message
-    # release by a pull with meta release=True (served first)
-    version, w = client.pull(0, 2, 0, version=1, release=True)
-    assert version == 1
-    np.testing.assert_array_equal(w, new)
-    client.pull(1, 1, 0, part=1, release=True)
+    # a backward whose forward never pinned: out_of_range, nothing pinned by the failure
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=3, interval=0, meta={"weights": "stash"}),
+                  "out_of_range", "no weights stashed for part 0 layer 0 epoch 3 interval 0")
     assert client.stats()["pinned"] == 0
-    reply, _ = client.request(Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, version=2))
-    assert reply.code == "out_of_range"  # a version from the future
+
+    for layer in range(2):  # forward of (part 0, epoch 3, interval 0) pins version 0
+        reply, w = client.fetch(layer, 3, 0, weights="pin")
+        assert (reply.version, reply.meta["newest"]) == (0, 0)
+        np.testing.assert_array_equal(w, init[layer])
+    assert _step(client, 1, _grads(rng, 1, 2)) == 1
+    assert _step(client, 2, _grads(rng, 1, 2)) == 2
+    newest = client.weights()
+    assert not np.allclose(newest[0], init[0])
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"]) == (2, 2)  # version 0 (pinned) and 2 (newest)
+
+    for layer in range(2):
+        # backward: the version its forward pinned, whatever was stepped since
+        reply, w = client.fetch(layer, 3, 0, weights="stash")
+        assert (reply.version, reply.meta["newest"]) == (0, 2)
+        np.testing.assert_array_equal(w, init[layer])
+        # a relaunched forward (the key pinned again) gets the same version, so does a plain pull
+        reply, w = client.fetch(layer, 3, 0, weights="pin", attempt=1)
+        assert (reply.version, reply.meta["newest"]) == (0, 2)
+        np.testing.assert_array_equal(w, init[layer])
+        assert client.pull(layer, 3, 0)[0] == 0
+        # evaluation: the newest version
+        reply, w = client.fetch(layer, 3, 0, weights="newest")
+        assert (reply.version, reply.meta["newest"]) == (2, 2)
+        np.testing.assert_array_equal(w, newest[layer])
+    # newest pinned nothing: a key only ever pulled with newest has no stash
+    assert client.fetch(0, 3, 1, weights="newest")[0].version == 2
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=3, interval=1, meta={"weights": "stash"}),
+                  "out_of_range", "interval 1")
+    assert client.stats()["pinned"] == 2
+    # other keys: another interval, and the same interval id in another part, pin the newest version
+    assert client.fetch(0, 3, 1, weights="pin")[0].version == 2
+    assert client.fetch(0, 3, 0, weights="pin", part=1)[0].version == 2
+    assert client.fetch(0, 3, 0, weights="stash", part=1)[0].version == 2
+    assert client.fetch(0, 3, 0, weights="stash", part=0)[0].version == 0
+    # a pull with an explicit version gets exactly that version while it is kept
+    version, w = client.pull(1, 4, 0, version=0)
+    assert version == 0
+    np.testing.assert_array_equal(w, init[1])
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=3, interval=0, version=1), "out_of_range",
+                  "version 1")  # version 1 was freed at step 2: nothing pinned it
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=3, interval=0, version=3), "out_of_range",
+                  "version 3")  # a version from the future
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"], stats["version"]) == (4, 2, 2)
+
+
+def test_pins_are_released_when_their_epoch_is_stepped(cluster):
+    """The gradient push no longer releases a pin: a relaunched backward may pull the stash until
+    the epoch's step, which releases that epoch's pins (not later epochs') and frees the version."""
+    _, client = cluster()
+    init = SPEC.init_weights(SEED)
+    rng = np.random.default_rng(5)
+    g1, g2 = _grads(rng, 1, 2), _grads(rng, 1, 2)
+    for (_, interval) in g1:  # forwards of epoch 1 and (pipelined) epoch 2 pin version 0
+        for layer in range(2):
+            assert client.fetch(layer, 1, interval, weights="pin")[0].version == 0
+            assert client.fetch(layer, 2, interval, weights="pin")[0].version == 0
+    assert client.stats()["pinned"] == 8
+
+    # every gradient of epoch 1 is in: nothing released yet, a relaunched backward still gets its stash
+    _push_epoch(client, 1, g1)
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"], stats["pending_grads"]) == (8, 1, 4)
+    reply, w = client.fetch(0, 1, 0, weights="stash")
+    assert reply.version == 0
+    np.testing.assert_array_equal(w, init[0])
+    # its gradient again (the relaunched attempt's push): dropped, and still nothing released
+    assert client.push(0, 1, 0, g1[(0, 0)][0], attempt=1) is True
+    assert client.stats()["pinned"] == 8
+
+    # step 1 releases epoch 1's pins; epoch 2's pins keep version 0 alive next to version 1
+    assert client.command("step", epoch=1)[0].meta["version"] == 1
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"]) == (4, 2)
+    for layer in range(2):
+        _expect_error(client, Header(Op.PULL_WEIGHTS, layer=layer, epoch=1, interval=0, meta={"weights": "stash"}),
+                      "out_of_range", f"layer {layer} epoch 1 interval 0")
+        reply, w = client.fetch(layer, 2, 1, weights="stash")
+        assert (reply.version, reply.meta["newest"]) == (0, 1)
+        np.testing.assert_array_equal(w, init[layer])
+    assert client.pull(0, 2, 0, version=0)[0] == 0  # kept: pinned by epoch 2
+
+    # step 2 releases the rest; version 0 is freed
+    _push_epoch(client, 2, g2)
+    assert client.stats()["pinned"] == 4
+    assert client.command("step", epoch=2)[0].meta["version"] == 2
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"], stats["pending_grads"]) == (0, 1, 0)
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=2, interval=1, meta={"weights": "stash"}),
+                  "out_of_range", "epoch 2 interval 1")
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=2, interval=0, version=0), "out_of_range",
+                  "version 0")
+    # a late forward of an epoch already stepped pins the newest version; the next step releases it
+    assert client.fetch(0, 1, 0, weights="pin")[0].version == 2
+    assert client.stats()["pinned"] == 1
+    assert _step(client, 3, _grads(rng, 1, 1)) == 3
+    stats = client.stats()
+    assert (stats["pinned"], stats["stashed_versions"]) == (0, 1)
+
+
+@pytest.mark.parametrize("value", ["latest", "PIN", "", 1, True])
+def test_bad_weights_request_is_bad_field(cluster, value):
+    _, client = cluster()
+    _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, meta={"weights": value}),
+                  "bad_field", "meta['weights'] must be one of pin, stash, newest")
+    stats = client.stats()
+    assert (stats["pulls"], stats["pinned"], stats["errors.bad_field"]) == (0, 0, 1)
+    assert client.fetch(0, 1, 0, weights="pin")[0].version == 0  # still serving
+
+
+# ----------------------------------------------------------------------------- the self-stepping server
+
+
+def _oracle_weights(cluster, epochs: list[tuple[int, dict]], optimizer: str = "adam", lr: float = 0.01):
+    """The weights of a fresh server stepped by command over ``epochs`` (in that order)."""
+    _, manual = cluster(optimizer=optimizer, lr=lr)
+    for epoch, contributions in epochs:
+        _step(manual, epoch, contributions)
+    return manual.weights()
+
+
+def test_configure_steps_exactly_when_the_last_gradient_arrives(cluster):
+    _, client = cluster()
+    rng = np.random.default_rng(7)
+    g = _grads(rng, 2, 2)  # N = 4 intervals over 2 graph servers
+    reply, _ = client.ok(Header(Op.COMMAND, meta={"command": "configure", "expected": 4}))
+    assert reply.op == Op.ACK and reply.meta["expected"] == 4
+    pushes = [(part, interval, layer) for (part, interval) in g for layer in range(2)]
+    for n, (part, interval, layer) in enumerate(pushes[:-1]):
+        assert client.push(layer, 1, interval, g[(part, interval)][layer], part=part) is False
+        stats = client.stats()
+        assert (stats["version"], stats["steps"], stats["pending_grads"]) == (0, 0, n + 1), (part, interval, layer)
+    part, interval, layer = pushes[-1]
+    assert client.push(layer, 1, interval, g[(part, interval)][layer], part=part) is False
+    stats = client.stats()  # stepped before the last push was ACKed
+    assert (stats["version"], stats["epoch"], stats["steps"], stats["pending_grads"]) == (1, 1, 1, 0)
+    assert (stats["applied"], stats["dropped"]) == (8, 0)
+    for got, want in zip(client.weights(), _oracle_weights(cluster, [(1, g)])):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # the epoch is done: a manual step of it, or a late push, changes nothing
+    reply, _ = client.command("step", epoch=1)
+    assert reply.code == "incomplete" and "already stepped" in reply.message
+    assert client.push(0, 1, 0, g[(0, 0)][0]) is True
+    assert client.stats()["version"] == 1
+
+
+def test_configure_steps_at_once_when_the_gradients_are_already_in(cluster):
+    _, client = cluster()
+    g = _grads(np.random.default_rng(8), 1, 2)
+    _push_epoch(client, 1, g)
+    assert client.stats()["version"] == 0  # no configure yet: waits for the step command
+    client.ok(Header(Op.COMMAND, meta={"command": "configure", "expected": 2}))
+    stats = client.stats()
+    assert (stats["version"], stats["applied"], stats["pending_grads"]) == (1, 4, 0)
+
+
+def test_configure_steps_epochs_in_order(cluster):
+    """Epoch 2's gradients complete first: nothing is stepped until epoch 1's last gradient,
+    which steps epoch 1 and then epoch 2, as if they had arrived in order."""
+    _, client = cluster()
+    rng = np.random.default_rng(9)
+    g1, g2 = _grads(rng, 1, 3), _grads(rng, 1, 3)
+    client.ok(Header(Op.COMMAND, meta={"command": "configure", "expected": 3}))
+    _push_epoch(client, 2, g2)
+    keys = list(g1)
+    _push_epoch(client, 1, {k: g1[k] for k in keys[:-1]})
+    stats = client.stats()
+    assert (stats["version"], stats["steps"], stats["pending_grads"]) == (0, 0, 6 + 4)
+    assert client.push(0, 1, keys[-1][1], g1[keys[-1]][0]) is False
+    assert client.stats()["version"] == 0  # layer 1 of epoch 1 still misses one
+    assert client.push(1, 1, keys[-1][1], g1[keys[-1]][1]) is False
+    stats = client.stats()
+    assert (stats["version"], stats["epoch"], stats["steps"], stats["pending_grads"]) == (2, 2, 2, 0)
+    in_order = _oracle_weights(cluster, [(1, g1), (2, g2)])
+    reversed_order = _oracle_weights(cluster, [(2, g2), (1, g1)])
+    assert not np.allclose(in_order[0], reversed_order[0], rtol=1e-5, atol=1e-6)  # the order shows
+    for got, want in zip(client.weights(), in_order):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_configure_counts_applied_and_dropped(cluster):
+    _, client = cluster(optimizer="sgd", lr=0.1)
+    rng = np.random.default_rng(10)
+    parts, intervals, epochs = 2, 2, 3
+    n = parts * intervals
+    client.ok(Header(Op.COMMAND, meta={"command": "configure", "expected": n}))
+    duplicates = 0
+    for epoch in range(1, epochs + 1):
+        g = _grads(rng, parts, intervals)
+        for k, (part, interval) in enumerate(g):
+            for layer in range(2):
+                assert client.push(layer, epoch, interval, g[(part, interval)][layer], part=part) is False
+                if k == 0:  # a relaunched attempt of the first call pushes again before the epoch is stepped
+                    assert client.push(layer, epoch, interval, g[(part, interval)][layer], part=part,
+                                       attempt=1) is True
+                    duplicates += 1
+        assert client.stats()["version"] == epoch
+        # a straggler of the epoch just stepped
+        assert client.push(1, epoch, 0, g[(0, 0)][1], part=1) is True
+        duplicates += 1
+    stats = client.stats()
+    assert stats["applied"] == n * 2 * epochs == 24
+    assert stats["dropped"] == stats["duplicates"] == duplicates == 3 * 2 + 3
+    assert stats["pushes"] == stats["applied"] + stats["dropped"]
+    assert (stats["steps"], stats["version"], stats["pending_grads"]) == (epochs, epochs, 0)
+
+
+def test_configure_bad_arguments(cluster):
+    _, client = cluster()
+    _expect_error(client, Header(Op.COMMAND, meta={"command": "configure"}), "bad_command", "expected")
+    _expect_error(client, Header(Op.COMMAND, meta={"command": "configure", "expected": 0}), "bad_field", ">= 1")
+    _expect_error(client, Header(Op.COMMAND, meta={"command": "configure", "expected": -2}), "bad_field",
+                  "expected")
+    _expect_error(client, Header(Op.COMMAND, meta={"command": "wait_version"}), "bad_command", "version")
+    _expect_error(client, Header(Op.COMMAND, meta={"command": "get_state", "version": -1}), "bad_field", "version")
+
+
+# ----------------------------------------------------------------------------- deferred replies
+
+
+def test_wait_version_is_answered_once_the_version_exists(cluster):
+    server, client = cluster()
+    waiter = cluster.connect(server)
+    rng = np.random.default_rng(11)
+    # a version that exists: answered at once
+    reply, _ = waiter.ok(Header(Op.COMMAND, meta={"command": "wait_version", "version": 0}))
+    assert reply.op == Op.ACK and reply.meta["version"] == 0
+    # version 1: nothing until epoch 1 is stepped, while the server keeps serving others
+    req = waiter.send(Header(Op.COMMAND, meta={"command": "wait_version", "version": 1}))
+    assert waiter.waiting()
+    _push_epoch(client, 1, _grads(rng, 1, 1))
+    assert client.stats()["version"] == 0
+    assert waiter.waiting()
+    assert client.command("step", epoch=1)[0].meta["version"] == 1
+    reply, out = waiter.answer(req)
+    assert (reply.op, reply.meta["version"], out) == (Op.ACK, 1, [])
+    # the same through the self-stepping server, for a version two steps ahead
+    client.ok(Header(Op.COMMAND, meta={"command": "configure", "expected": 1}))
+    req = waiter.send(Header(Op.COMMAND, meta={"command": "wait_version", "version": 3}))
+    g2, g3 = _grads(rng, 1, 1), _grads(rng, 1, 1)
+    _push_epoch(client, 2, g2)
+    assert client.stats()["version"] == 2 and waiter.waiting()
+    client.push(0, 3, 0, g3[(0, 0)][0])
+    assert waiter.waiting()
+    client.push(1, 3, 0, g3[(0, 0)][1])
+    reply, _ = waiter.answer(req)
+    assert (reply.op, reply.meta["version"]) == (Op.ACK, 3)
+    assert waiter.quiet()  # exactly one reply
+
+
+def _get_state(client, **meta) -> tuple[dict, dict[str, np.ndarray]]:
+    reply, tensors = client.ok(Header(Op.COMMAND, meta={"command": "get_state", **meta}))
+    assert reply.op == Op.WEIGHTS
+    return reply.meta, {name: np.array(t) for name, t in zip(reply.names, tensors)}
+
+
+def _assert_same_state(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+def test_get_state_of_a_past_version_is_the_state_right_after_that_step(cluster):
+    """Every kept version's state equals what get_state (newest) showed right after its step."""
+    _, client = cluster()
+    rng = np.random.default_rng(12)
+    seen = {}
+    for epoch in range(1, 4):
+        _step(client, epoch, _grads(rng, 1, 2))
+        seen[epoch] = _get_state(client)
+        assert seen[epoch][0] == {"version": epoch, "epoch": epoch, "optimizer": "adam"}
+        assert seen[epoch][1]["step_0"].tolist() == [float(epoch)]
+    assert client.stats()["pinned"] == 0  # no pin keeps the old weights: the state must keep them
+    for version in (3, 2, 1):
+        meta, arrays = _get_state(client, version=version)
+        assert meta == {"version": version, "epoch": version, "optimizer": "adam"}
+        _assert_same_state(arrays, seen[version][1])
+    assert not np.allclose(seen[1][1]["W0"], seen[3][1]["W0"])  # the versions do differ
+
+
+def test_get_state_of_a_future_version_is_deferred_until_its_step(cluster):
+    server, client = cluster()
+    waiter = cluster.connect(server)
+    rng = np.random.default_rng(13)
+    _step(client, 1, _grads(rng, 1, 1))
+    req = waiter.send(Header(Op.COMMAND, meta={"command": "get_state", "version": 2}))
+    assert waiter.waiting()
+    _push_epoch(client, 2, _grads(rng, 1, 1))
+    assert waiter.waiting()
+    assert client.command("step", epoch=2)[0].meta["version"] == 2
+    reply, tensors = waiter.answer(req)
+    assert reply.op == Op.WEIGHTS and reply.meta == {"version": 2, "epoch": 2, "optimizer": "adam"}
+    got = {name: np.array(t) for name, t in zip(reply.names, tensors)}
+    assert got["step_0"].tolist() == [2.0]
+    _assert_same_state(got, _get_state(client)[1])  # the newest state: nothing stepped since
+
+
+def test_get_state_of_a_version_too_old_is_out_of_range(cluster):
+    _, client = cluster(optimizer="sgd")
+    rng = np.random.default_rng(14)
+    steps = KEPT_STATES + 2
+    for epoch in range(1, steps + 1):
+        _step(client, epoch, _grads(rng, 1, 1))
+    for version in range(0, steps - KEPT_STATES + 1):  # the kept ones are steps - KEPT_STATES + 1 .. steps
+        _expect_error(client, Header(Op.COMMAND, meta={"command": "get_state", "version": version}), "out_of_range",
+                      f"state of version {version} is no longer kept")
+    assert _get_state(client, version=steps)[0]["version"] == steps
 
 
 # ----------------------------------------------------------------------------- errors
@@ -323,6 +625,8 @@ def test_bad_messages_get_errors_and_the_server_keeps_serving(cluster):
         (Header(Op.PUSH_GRADS, **{**push, "layer": 2}), [np.zeros((4, C), np.float32)], "out_of_range", "layer 2"),
         (Header(Op.PULL_WEIGHTS, layer=9, epoch=1, interval=0), [], "out_of_range", "layer 9"),
         (Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, part=1, meta={"part": 2}), [], "bad_field", "part"),
+        (Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, meta={"weights": "latest"}), [], "bad_field",
+         "'latest'"),
         (Header(Op.COMMAND, meta={"command": "explode"}), [], "bad_command", "explode"),
         (Header(Op.COMMAND), [], "bad_command", "None"),
         (Header(Op.COMMAND, meta={"command": "step"}), [], "bad_command", "epoch"),
@@ -372,11 +676,6 @@ def test_step_requires_every_layer_and_the_expected_count(cluster):
 
 
 # ----------------------------------------------------------------------------- checkpoints
-
-
-def _get_state(client) -> tuple[dict, dict[str, np.ndarray]]:
-    reply, tensors = client.ok(Header(Op.COMMAND, meta={"command": "get_state"}))
-    return reply.meta, {name: np.array(t) for name, t in zip(reply.names, tensors)}
 
 
 def _set_state(client, meta: dict, arrays: dict[str, np.ndarray]) -> Header:

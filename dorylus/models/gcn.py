@@ -140,20 +140,20 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
         if args["project_first"]:
             grad_p, src, ids = rows
             h = _prepare(src, ids, key, p, relu_in, True)
-            grad_w, grad_h = h.T @ _as_float32(grad_p, "grad"), None
-            out = []
-            if layer > 0:
-                grad_h = grad_p @ w.T
-                out = [_prepare_backward(grad_h, src, ids, key, p, relu_in)]
-            return Result(out, grad_w=grad_w)
+            grad_p = _check_shape(grad_p, "grad", (h.shape[0], _as_float32(w, "w").shape[1]))
+            out = [_prepare_backward(grad_p @ w.T, src, ids, key, p, relu_in)] if layer > 0 else []
+            return Result(out, grad_w=h.T @ grad_p)
         z, grad_y = rows
-        return Result([grad_y @ w.T] if layer > 0 else [], grad_w=_as_float32(z, "z").T @ grad_y)
+        z = _check_shape(z, "z", (None, _as_float32(w, "w").shape[0]))
+        grad_y = _check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
+        return Result([grad_y @ w.T] if layer > 0 else [], grad_w=z.T @ grad_y)
     if task == "LOSS":
         y, labels, split = rows
         loss = softmax_cross_entropy(y, labels, split, int(args["train_count"]), training)
         return Result([loss.grad] if training else [], meta=loss.meta)
     if task == "AV_LOSS":
         z, labels, split = rows
+        z = _as_float32(z, "z")
         loss = softmax_cross_entropy(_matmul(z, w), labels, split, int(args["train_count"]), training)
         if not training:
             return Result([], meta=loss.meta)
@@ -177,7 +177,10 @@ def _prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: flo
 def _prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float,
                       relu_in: bool) -> np.ndarray:
     """``dL/dsrc = dL/dH * M / (1 - p) * [src > 0]`` with the same mask ``M`` as the forward."""
-    grad = _as_float32(grad_h, "grad")
+    src = _as_float32(src, "src")
+    grad = _check_shape(grad_h, "grad", src.shape)
+    if np.shape(ids) != (src.shape[0],):
+        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({src.shape[0]},) (one id per row)")
     if p > 0.0:
         grad = np.where(keep_mask(*key, ids, grad.shape[1], p), grad * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
     if relu_in:
@@ -240,6 +243,13 @@ def _matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"rows have {x.shape[1]} columns but w has {w.shape[0]} rows (shapes {x.shape}, {w.shape})")
     return x @ w
+
+
+def _check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.ndarray:
+    x = _as_float32(x, name)
+    if any(want is not None and got != want for got, want in zip(x.shape, shape)):
+        raise ValueError(f"{name} has shape {x.shape}, expected {tuple('any' if d is None else d for d in shape)}")
+    return x
 
 
 def _as_float32(x: np.ndarray, name: str) -> np.ndarray:

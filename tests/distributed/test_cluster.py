@@ -57,7 +57,7 @@ def test_watchdog_names_a_function_call_that_hangs(tmp_path):
         run_training(config, graph, progress=progress)
     message = str(err.value)
     assert time.monotonic() - start < 60  # the watchdog, not the 120 s task timeout
-    assert message.startswith("watchdog: forward epoch 3 layer 0 made no progress"), message
+    assert message.startswith("watchdog: epoch 3 made no progress"), message
     assert "AV interval 0 epoch 3 layer 0 on graph server" in message and "graphserver-" in message
     assert "resume with:\n  dorylus train --resume" in progress.getvalue()
     assert [m["epoch"] for m in read_metrics(tmp_path / "run")] == [1, 2]
@@ -109,9 +109,11 @@ def _ask(endpoint: str, header: Header, tensors=()) -> Header:
      "out_of_range"),  # a server's own part id
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), meta={"pass": "bogus"}),
      [np.zeros((1, 4), np.float32)], "bad_field"),
-    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 10**6)), [np.zeros((10**6, 4), np.float32)],
-     "row_count"),
-    (Header(Op.COMMAND, meta={"command": "explode"}), [], "internal"),
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), names=("secret",)),
+     [np.zeros((1, 4), np.float32)], "bad_field"),
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 10**6), names=("P1",)),
+     [np.zeros((10**6, 4), np.float32)], "row_count"),
+    (Header(Op.COMMAND, meta={"command": "explode"}), [], "bad_command"),
 ])
 def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
     endpoint = Path(cpu_cluster.run_dir / "logs" / "graphserver-0.endpoint").read_text()
@@ -121,11 +123,15 @@ def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
     assert _ask(endpoint, Header(Op.HELLO, role="coordinator")).op is Op.READY
 
 
-def test_stale_push_is_dropped_not_written(cpu_cluster):
+def test_push_no_call_awaits_is_dropped_not_written(cpu_cluster):
+    """A push for a call the scheduler did not make (here: no training runs at all) is
+    acknowledged as a duplicate and never written; a push naming the wrong buffer is refused."""
     endpoint = Path(cpu_cluster.run_dir / "logs" / "graphserver-0.endpoint").read_text()
     rows = np.full((1, 4), 7.0, np.float32)
-    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("H",)), [rows])
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("P0",)), [rows])
     assert reply.op is Op.ACK and reply.meta["duplicate"] is True
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("H",)), [rows])
+    assert reply.op is Op.ERROR and reply.code == "bad_field" and "must push ['P0']" in reply.message
 
 
 @pytest.fixture
