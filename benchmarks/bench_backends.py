@@ -3,7 +3,7 @@
 Every backend trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
 recipe) on the same dataset through ``dorylus.training.run_training``, each in a fresh run
 directory under a temp dir; the distributed backends partition the dataset (METIS, ``--parts``
-graph servers, ``--functions`` intervals each) before their first epoch, outside the timed
+graph servers, ``--intervals`` each) before their first epoch, outside the timed
 epochs. The numbers come from each run's ``metrics.jsonl``; the first ``--warmup`` epochs are
 dropped.
 
@@ -23,7 +23,7 @@ Exactness. Sync mode reproduces the reference, so the cpu and lambda final losse
 the reference's to ``--tolerance`` relative (default 1e-5); the check is printed and stored.
 
     python benchmarks/bench_backends.py
-    python benchmarks/bench_backends.py --dataset synthetic-small --parts 4 --functions 3 --epochs 20
+    python benchmarks/bench_backends.py --dataset synthetic-small --parts 4 --intervals 3 --epochs 20
     python benchmarks/bench_backends.py --dataset /work/shared/data/cora.npz --backends reference,cpu
 
 Prints a table and writes ``benchmarks/results/backends-<dataset>.json`` (``--output``).
@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backends", type=backend_list, default=list(BACKENDS),
                         help="comma-separated backends to run, in order (default: reference,cpu,lambda)")
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers / partitions (default: 2)")
-    parser.add_argument("--functions", type=positive_int, default=2, help="intervals per graph server (default: 2)")
+    parser.add_argument("--intervals", type=positive_int, default=4, help="intervals per graph server (default: 4)")
+    parser.add_argument("--functions", type=positive_int, default=None,
+                        help="concurrent calls per graph server (default: autotuned)")
+    parser.add_argument("--mode", choices=("sync", "pipe", "async"), default="sync", help="scheduler mode")
     parser.add_argument("--epochs", type=positive_int, default=10, help="timed epochs (default: 10)")
     parser.add_argument("--warmup", type=int, default=2, help="epochs run first and dropped (default: 2)")
     parser.add_argument("--layers", type=positive_int, default=TrainConfig.layers, help="GCN layers (default: 2)")
@@ -169,12 +172,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
 
-    base = TrainConfig(dataset=args.dataset, parts=args.parts, functions=args.functions, layers=args.layers,
+    base = TrainConfig(dataset=args.dataset, parts=args.parts, intervals=args.intervals, functions=args.functions,
+                       mode=args.mode, layers=args.layers,
                        hidden=args.hidden, epochs=args.warmup + args.epochs, eval_every=1)
     name = Path(args.dataset).stem
     output = args.output or RESULTS / f"backends-{name}.json"
     load_before = os.getloadavg()
-    print(f"backends benchmark: {args.dataset}, {args.parts} parts x {args.functions} functions, "
+    print(f"backends benchmark: {args.dataset}, {args.parts} parts x {args.intervals} intervals, mode {args.mode}, "
           f"{args.warmup} warm-up + {args.epochs} timed epochs; torch {torch.__version__}, {os.cpu_count()} cpus, "
           f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     dataset = load_dataset(args.dataset)
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_after = os.getloadavg()
 
     print()
-    print(f"{dataset.name}, {args.parts} parts x {args.functions} functions, {args.layers}-layer GCN hidden "
+    print(f"{dataset.name}, {args.parts} parts x {args.intervals} intervals ({args.mode}), {args.layers}-layer GCN hidden "
           f"{args.hidden}; {args.epochs} timed epochs after {args.warmup} warm-up.")
     print("Every epoch includes the evaluation forward pass (eval_every=1), in every backend.")
     print("$/epoch: functions + graph servers + parameter server for the epoch's wall time "

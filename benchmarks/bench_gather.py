@@ -51,6 +51,7 @@ import torch
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
+from dorylus.models import gcn
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import assign_parts, open_store, write_store
 from graphserver.state import PartitionState, spmm
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         store = open_store(Path(workdir) / "store", verify=True)
         part = store.load_part(args.part, mmap=False)
         spec = ModelSpec.from_config(config, store.meta.num_features, store.meta.num_classes)
-        state = PartitionState(part, spec, seed=args.seed, row_normalize_features=True,
-                               num_intervals=config.functions)
+        state = PartitionState(part, gcn.build_plan(spec), row_normalize_features=True,
+                               num_intervals=config.intervals)
     print(f"  part {args.part}: {part.n_owned:,} owned + {part.n_ghost:,} ghost rows, {part.nnz:,} A_hat entries",
           flush=True)
 
