@@ -155,7 +155,8 @@ class ParameterServer:
         # (epoch, layer) -> (part, interval) -> dW: one buffer per layer and epoch until its step
         self._grads: dict[tuple[int, int], dict[tuple[int, int], np.ndarray]] = {}
         self._expected: int | None = None    # gradients per layer and epoch; set: step by itself
-        self._states: dict[int, dict[str, np.ndarray]] = {}  # version -> optimizer arrays after that step
+        # version -> (weights, optimizer arrays) right after that step, for get_state {version}
+        self._states: dict[int, tuple[list[np.ndarray], dict[str, np.ndarray]]] = {}
         self._deferred: list[tuple[bytes, Header]] = []  # wait_version / get_state for a future version
         self._identity = b""
         self._bounds = Bounds(num_layers=self.num_layers)
@@ -276,7 +277,11 @@ class ParameterServer:
     def _answer_deferred(self) -> None:
         waiting, self._deferred = self._deferred, []
         for identity, header in waiting:
-            answer = self._commands[header.meta["command"]](header)
+            try:
+                answer = self._commands[header.meta["command"]](header)
+            except ProtocolError as exc:  # e.g. the state asked for is gone after a set_state
+                self.counters.count(exc)
+                answer = error_reply(header, exc), []
             if answer is None:
                 self._deferred.append((identity, header))
             else:
@@ -324,8 +329,6 @@ class ParameterServer:
                 f"{self._version}, stashed {sorted(self._versions)}); a version is kept while a stash key pins it",
                 req=header.req)
         weights = self._versions[version][header.layer]
-        if header.meta.get("release") is True and self._pins.pop(key, None) is not None:
-            self._free_unpinned()
         self._stats["pulls"] += 1
         return reply_to(header, Op.WEIGHTS, version=version, names=("W",), meta={"newest": self._version}), [weights]
 
@@ -442,7 +445,8 @@ class ParameterServer:
         for key in [k for k in self._pins if k[2] <= epoch]:  # the stepped epoch's pins had their last use
             del self._pins[key]
         self._free_unpinned()
-        self._states[self._version] = {k: v.copy() for k, v in optimizer_arrays(self._optimizer).items()}
+        self._states[self._version] = (self._versions[self._version],
+                                       {k: v.copy() for k, v in optimizer_arrays(self._optimizer).items()})
         for version in sorted(self._states)[:-KEPT_STATES]:
             del self._states[version]
         applied = sum(map(len, buffers))
@@ -474,13 +478,13 @@ class ParameterServer:
         if version > self._version:
             return None
         if version == self._version:
-            optimizer = optimizer_arrays(self._optimizer)
-        elif version in self._states and version in self._versions:
-            optimizer = self._states[version]
+            weights, optimizer = self._versions[version], optimizer_arrays(self._optimizer)
+        elif version in self._states:
+            weights, optimizer = self._states[version]
         else:
             raise ProtocolError("out_of_range", f"get_state: the state of version {version} is no longer kept "
                                 f"(newest {self._version}, kept {sorted(self._states)})", req=header.req)
-        arrays = {f"W{layer}": w for layer, w in enumerate(self._versions[version])}
+        arrays = {f"W{layer}": w for layer, w in enumerate(weights)}
         arrays.update(optimizer)
         meta = {"version": version, "epoch": version, "optimizer": self.optimizer_name}
         return (reply_to(header, Op.WEIGHTS, layer=0, version=version, names=tuple(arrays), meta=meta),
@@ -522,7 +526,8 @@ class ParameterServer:
         self._versions = {version: _frozen(weights)}
         self._pins.clear()   # pins of the old timeline name versions that no longer exist
         self._grads.clear()
-        self._states = {version: {k: np.array(v) for k, v in arrays.items()}}
+        self._states = {version: (self._versions[version], {k: np.array(v) for k, v in arrays.items()})}
+        self._answer_deferred()
         return reply_to(header, Op.ACK, version=version, meta={"version": version, "epoch": epoch}), []
 
 
