@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backends", type=backend_list, default=list(BACKENDS),
                         help="comma-separated backends to run, in order (default: reference,cpu,lambda)")
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers / partitions (default: 2)")
-    parser.add_argument("--intervals", type=positive_int, default=4, help="intervals per graph server (default: 4)")
+    parser.add_argument("--intervals", type=positive_int, default=2, help="intervals per graph server (default: 2)")
     parser.add_argument("--functions", type=positive_int, default=None,
                         help="concurrent calls per graph server (default: autotuned)")
     parser.add_argument("--mode", choices=("sync", "pipe", "async"), default="sync", help="scheduler mode")

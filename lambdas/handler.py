@@ -39,6 +39,8 @@ _DEADLINE_MARGIN_MS = 500
 _request_ids = itertools.count(1)
 # (run, part, interval, name) -> rows; one run's at a time, for as long as the container is warm
 _static_rows: dict[tuple[str, int, int, str], np.ndarray] = {}
+# endpoint -> connection, kept by a warm container: a call does not pay for TCP and ZMTP handshakes
+_peers: dict[str, "_Peer"] = {}
 
 
 class FunctionTaskError(RuntimeError):
@@ -60,10 +62,14 @@ class _Peer:
         header = dataclasses.replace(header, req=next(_request_ids))
         start = time.monotonic()
         protocol.send(self.socket, header, tensors)
-        try:
-            reply, arrays = protocol.recv(self.socket, timeout=self._timeout())
-        except TimeoutError:
-            raise FunctionTaskError(f"{self.what} did not answer {header.op.value}") from None
+        deadline = start + self._timeout()
+        while True:
+            try:
+                reply, arrays = protocol.recv(self.socket, timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise FunctionTaskError(f"{self.what} did not answer {header.op.value}") from None
+            if reply.req == header.req:
+                break  # anything else answers a request of an earlier call that gave up waiting
         if reply.op is Op.ERROR:
             raise FunctionTaskError(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}")
         if self.bandwidth:
@@ -125,17 +131,26 @@ def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, An
     return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
 
 
+def _peer(endpoint: str, what: str, context: Any) -> _Peer:
+    peer = _peers.get(endpoint)
+    if peer is None:
+        peer = _peers[endpoint] = _Peer(zmq.Context.instance(), endpoint, what, context)
+    peer.context = context
+    peer.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
+    return peer
+
+
 def handler(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """AWS Lambda entry point. Raises :class:`FunctionTaskError` (a function error) on failure."""
-    ctx = zmq.Context.instance()
-    graph = _Peer(ctx, event["graph_server"], "graph server", context)
-    params = _Peer(ctx, event["param_server"], "parameter server", context)
+    graph = _peer(event["graph_server"], "graph server", context)
+    params = _peer(event["param_server"], "parameter server", context)
     try:
         return run_task(event, graph, params)
     except FunctionTaskError as exc:
+        for endpoint in (event["graph_server"], event["param_server"]):  # start the next call afresh
+            peer = _peers.pop(endpoint, None)
+            if peer is not None:
+                peer.close()
         raise FunctionTaskError(
             f"{event.get('task')} interval {event.get('interval')} epoch {event.get('epoch')} "
             f"layer {event.get('layer')} (part {event.get('part')}): {exc}") from None
-    finally:
-        graph.close()
-        params.close()
