@@ -58,7 +58,8 @@ class TrainConfig:
     parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
                              "store's count with --partitions (giving another count is an error)")
     partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
-    intervals: int = _opt(2, "intervals per graph server: one function call per interval and stage (more 'overlap Gather with functions; each call costs an invoke')")
+    intervals: int = _opt(2, "intervals per graph server: one function call per interval and stage (more "
+                          "overlap Gather with functions; each call costs an invoke)")
     functions: int | None = _opt(None, "concurrent function calls per graph server; default: autotuned while "
                                  "training, between 1 and --intervals")
     relaunch_min_s: float = _opt(5.0, "a function call not finished within max(this, relaunch_ratio x the moving "
