@@ -1,0 +1,289 @@
+"""Epoch time, staleness and accuracy of the sync, pipe and async scheduler modes on the same job.
+
+Goal (from the issue): **async S=0 at least 1.3x faster per epoch than sync at the same accuracy
+within 1 point** (final test accuracy no more than 0.01 below or above sync's). The verdict is
+printed and stored; it does not change the exit status.
+
+Every mode trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
+recipe; backend ``lambda`` through the local emulator, ``--aws-like`` physics on unless
+``--no-aws-like``) through ``dorylus.training.run_training``, each in a fresh run directory under
+a temp dir. The dataset is partitioned once (METIS, ``--parts`` graph servers) into one partition
+store before any mode runs, outside every timing, and every mode trains on that store
+(``TrainConfig.partitions``). Modes (``--modes``): ``sync``, ``pipe``, ``asyncS`` for ``--mode
+async --staleness S`` (default ``sync,pipe,async0,async1``); sync is the baseline and always runs
+first (it is added when missing).
+
+Evaluation runs every epoch (``eval_every = 1``): ``epoch_s`` is the coordinator's wall time of
+one step, training pass **and** the evaluation forward pass, in every mode alike. Per mode:
+
+* ``s/epoch``: median ``epoch_s`` over the epochs after the first ``--warmup`` (default 1);
+  ``speedup`` = sync's median / this mode's median;
+* ``stale mean`` / ``stale max``: mean over all epochs of the per-epoch ``staleness_mean``, and
+  the largest ``staleness_max`` (epochs between a ghost row read and the epoch reading it);
+  ``lag max``: the largest ``weight_lag_max`` (weight versions behind the newest at a pull);
+* ``final test``: test accuracy after the last epoch;
+* ``t->target``: wall seconds (``epoch_s`` summed from epoch 1, warm-up included) until the
+  first epoch whose ``test_acc`` >= ``--target-fraction`` (0.85) x sync's final test accuracy,
+  with that epoch; "not reached" otherwise.
+
+    python benchmarks/bench_modes.py
+    python benchmarks/bench_modes.py --dataset synthetic-1m --epochs 20
+    python benchmarks/bench_modes.py --dataset ../shared/data/cora.npz --modes sync,async0,async2 --no-aws-like
+
+Prints a table and writes ``benchmarks/results/modes-<dataset>.json`` (``--output``), with the
+per-epoch losses, accuracies, times and staleness of every mode. Runs on a shared machine are
+noisy: the load average before and after is printed and stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dorylus.config import TrainConfig
+from dorylus.data.loaders import load_dataset
+from dorylus.errors import DorylusError
+from dorylus.partition import assign_parts, open_store, write_store
+from dorylus.runs import read_metrics
+from dorylus.training import run_training
+from common import positive_int, write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_MODES = "sync,pipe,async0,async1"
+GOAL_SPEEDUP = 1.3      # async S=0 vs sync, per epoch
+GOAL_ACC_POINTS = 0.01  # |final test acc - sync's| at most one point
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def parse_mode(name: str) -> tuple[str, int]:
+    """``sync`` -> (sync, 0), ``pipe`` -> (pipe, 0), ``async3`` -> (async, 3)."""
+    if name in ("sync", "pipe"):
+        return name, 0
+    match = re.fullmatch(r"async(\d+)", name)
+    if match:
+        return "async", int(match.group(1))
+    raise argparse.ArgumentTypeError(f"unknown mode {name!r}: use sync, pipe or asyncS (S = staleness bound, "
+                                     f"e.g. async0)")
+
+
+def mode_list(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"--modes takes a comma-separated list, got {text!r}")
+    for name in names:
+        parse_mode(name)
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--modes lists a mode twice: {text!r}")
+    if "sync" in names:
+        names.remove("sync")
+    return ["sync"] + names  # the baseline first
+
+
+def time_to_target(history: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
+    """Wall seconds summed over epochs 1..k, for the first epoch k with ``test_acc >= target``."""
+    elapsed = 0.0
+    for m in history:
+        elapsed += m["epoch_s"]
+        if m.get("test_acc") is not None and m["test_acc"] >= target:
+            return elapsed, m["epoch"]
+    return None, None
+
+
+def measure(name: str, base: TrainConfig, dataset, workdir: Path, warmup: int) -> dict[str, Any]:
+    """Train ``base`` in mode ``name`` in a fresh run dir on the shared store."""
+    mode, staleness = parse_mode(name)
+    config = TrainConfig.from_dict({**base.to_dict(), "mode": mode, "staleness": staleness,
+                                    "run_dir": str(workdir / name)})
+    start = time.perf_counter()
+    summary = run_training(config, dataset, progress=io.StringIO())
+    wall_s = time.perf_counter() - start
+    history = read_metrics(config.run_dir)
+    timed = history[warmup:] or history
+    epoch_s = [m["epoch_s"] for m in timed]
+    return {
+        "mode": name, "scheduler": mode, "staleness_bound": staleness,
+        "epoch_s_median": statistics.median(epoch_s),
+        "epoch_s_mean": mean(epoch_s),
+        "staleness_mean": mean([m.get("staleness_mean", 0.0) for m in history]),
+        "staleness_max": max(m.get("staleness_max", 0) for m in history),
+        "weight_lag_max": max(m.get("weight_lag_max", 0) for m in history),
+        "relaunches": sum(m.get("relaunches", 0) for m in history),
+        "failed_calls": sum(m.get("failed_calls", 0) for m in history),
+        "cost_usd_mean": mean([m["cost_usd"] for m in timed]),
+        "final_loss": history[-1]["loss"],
+        "final_test_acc": summary["final_test_acc"],
+        "best_val_acc": summary["best_val_acc"],
+        "test_acc_at_best_val": summary["test_acc_at_best_val"],
+        "gradients": summary.get("gradients"),
+        "total_epoch_s": sum(m["epoch_s"] for m in history),
+        # Everything run_training did besides the epochs: starting the roles, checkpoints.
+        "overhead_s": wall_s - sum(m["epoch_s"] for m in history),
+        "epochs": [{k: m.get(k) for k in ("epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s",
+                                          "staleness_max", "staleness_mean", "weight_lag_max", "relaunches",
+                                          "failed_calls", "concurrency", "cost_usd")} for m in history],
+    }
+
+
+def add_targets(rows: list[dict[str, Any]], fraction: float) -> float:
+    """Speedup vs sync and time to ``fraction`` x sync's final test accuracy, in place."""
+    sync = rows[0]
+    target = fraction * sync["final_test_acc"]
+    for r in rows:
+        r["speedup_vs_sync"] = sync["epoch_s_median"] / r["epoch_s_median"]
+        r["test_acc_diff_vs_sync"] = r["final_test_acc"] - sync["final_test_acc"]
+        r["time_to_target_s"], r["time_to_target_epoch"] = time_to_target(r["epochs"], target)
+    return target
+
+
+def goal_check(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    row = next((r for r in rows if r["mode"] == "async0"), None)
+    if row is None:
+        return None
+    speed_ok = row["speedup_vs_sync"] >= GOAL_SPEEDUP
+    acc_ok = abs(row["test_acc_diff_vs_sync"]) <= GOAL_ACC_POINTS
+    return {"goal": f"async S=0 at least {GOAL_SPEEDUP}x faster per epoch than sync at the same accuracy within "
+                    f"1 point", "speedup": row["speedup_vs_sync"], "speedup_needed": GOAL_SPEEDUP,
+            "test_acc_diff": row["test_acc_diff_vs_sync"], "test_acc_diff_allowed": GOAL_ACC_POINTS,
+            "speed_ok": speed_ok, "accuracy_ok": acc_ok, "met": speed_ok and acc_ok}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'mode':<8} {'s/epoch med':>11} {'speedup':>7} {'stale mean':>10} {'stale max':>9} {'lag max':>7} "
+              f"{'relaunch':>8} {'final test':>10} {'d vs sync':>9} {'t->target s':>11} {'@epoch':>6}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        reached = r["time_to_target_s"] is not None
+        ttt = f"{r['time_to_target_s']:11.2f}" if reached else f"{'not reached':>11}"
+        at = f"{r['time_to_target_epoch']:6d}" if reached else f"{'-':>6}"
+        print(f"{r['mode']:<8} {r['epoch_s_median']:11.3f} {r['speedup_vs_sync']:6.2f}x {r['staleness_mean']:10.3f} "
+              f"{r['staleness_max']:9d} {r['weight_lag_max']:7d} {r['relaunches']:8d} {r['final_test_acc']:10.4f} "
+              f"{r['test_acc_diff_vs_sync'] * 100:+8.2f}p {ttt} {at}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="synthetic-1m", help="dataset spec: a preset or a path (default: synthetic-1m)")
+    parser.add_argument("--modes", type=mode_list, default=mode_list(DEFAULT_MODES),
+                        help=f"comma-separated modes: sync, pipe, asyncS (S = staleness bound); sync always runs "
+                             f"first as the baseline (default: {DEFAULT_MODES})")
+    parser.add_argument("--parts", type=positive_int, default=2, help="graph servers / partitions (default: 2)")
+    parser.add_argument("--intervals", type=positive_int, default=TrainConfig.intervals,
+                        help=f"intervals per graph server (default: {TrainConfig.intervals})")
+    parser.add_argument("--functions", type=positive_int, default=None,
+                        help="concurrent calls per graph server (default: autotuned)")
+    parser.add_argument("--aws-like", action=argparse.BooleanOptionalAction, default=True,
+                        help="emulator with AWS Lambda's measured latencies, bandwidth and CPU share (default: on)")
+    parser.add_argument("--epochs", type=positive_int, default=30, help="epochs per mode, warm-up included (default: 30)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="first epochs left out of the epoch-time statistics (default: 1)")
+    parser.add_argument("--target-fraction", type=float, default=0.85,
+                        help="time-to-accuracy target as a fraction of sync's final test accuracy (default: 0.85)")
+    parser.add_argument("--layers", type=positive_int, default=TrainConfig.layers, help="GCN layers (default: 2)")
+    parser.add_argument("--hidden", type=positive_int, default=TrainConfig.hidden, help="hidden width (default: 16)")
+    parser.add_argument("--seed", type=int, default=0, help="partitioner, weight init and dropout seed (default: 0)")
+    parser.add_argument("--workdir", default=None, help="parent of the temp store and run dirs (default: system temp dir)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON result path (default: benchmarks/results/modes-<dataset>.json)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.warmup < args.epochs:
+        parser.error(f"--warmup must be in [0, --epochs), got {args.warmup} with --epochs {args.epochs}")
+    if not 0 < args.target_fraction <= 1:
+        parser.error(f"--target-fraction must be in (0, 1], got {args.target_fraction}")
+
+    name = Path(args.dataset).stem
+    output = args.output or RESULTS / f"modes-{name}.json"
+    load_before = os.getloadavg()
+    print(f"modes benchmark: {args.dataset}, backend lambda{' (aws-like)' if args.aws_like else ''}, {args.parts} parts "
+          f"x {args.intervals} intervals, modes {','.join(args.modes)}, {args.epochs} epochs each; torch "
+          f"{torch.__version__}, {os.cpu_count()} cpus, load average {load_before[0]:.2f} {load_before[1]:.2f} "
+          f"{load_before[2]:.2f}", flush=True)
+    dataset = load_dataset(args.dataset)
+    print(f"  {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, "
+          f"{dataset.num_features} features, {dataset.num_classes} classes", flush=True)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-modes-", dir=args.workdir) as workdir:
+        store_path = Path(workdir) / "store"
+        start = time.perf_counter()
+        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=args.seed)
+        write_store(dataset, parts, store_path, method="metis", seed=args.seed)
+        store_fingerprint = open_store(store_path, verify=True).fingerprint()
+        partition_s = time.perf_counter() - start
+        print(f"  partitioned once (METIS, {args.parts} parts) in {partition_s:.1f} s; every mode trains on this store",
+              flush=True)
+        base = TrainConfig(dataset=args.dataset, backend="lambda", partitions=str(store_path), parts=args.parts,
+                           partition_method="metis", intervals=args.intervals, functions=args.functions,
+                           aws_like=args.aws_like, layers=args.layers, hidden=args.hidden, seed=args.seed,
+                           epochs=args.epochs, eval_every=1, checkpoint_every=args.epochs)
+        for mode in args.modes:
+            row = measure(mode, base, dataset, Path(workdir), args.warmup)
+            rows.append(row)
+            print(f"  {mode}: {row['epoch_s_median']:.3f} s/epoch (median), final test acc "
+                  f"{row['final_test_acc']:.4f}, {row['total_epoch_s']:.1f} s in epochs + {row['overhead_s']:.1f} s "
+                  f"outside", flush=True)
+    target = add_targets(rows, args.target_fraction)
+    goal = goal_check(rows)
+    load_after = os.getloadavg()
+
+    print()
+    print(f"{dataset.name}, {args.parts} parts x {args.intervals} intervals, backend lambda"
+          f"{' (aws-like emulator)' if args.aws_like else ''}, {args.layers}-layer GCN hidden {args.hidden}; "
+          f"{args.epochs} epochs per mode, s/epoch = median after {args.warmup} warm-up epoch(s).")
+    print("Every epoch includes the evaluation forward pass (eval_every=1). speedup = sync s/epoch / mode s/epoch; "
+          "stale mean/max and lag max over all epochs;")
+    print(f"t->target = seconds summed over epochs until test acc >= {args.target_fraction:g} x sync final "
+          f"({target:.4f}); d vs sync = final test acc minus sync's, in points.")
+    print_table(rows)
+    print()
+    if goal is not None:
+        print(f"goal: {goal['goal']}: speedup {goal['speedup']:.2f}x (need {GOAL_SPEEDUP}x) "
+              f"{'OK' if goal['speed_ok'] else 'NOT MET'}, accuracy {goal['test_acc_diff'] * 100:+.2f} points "
+              f"(within {GOAL_ACC_POINTS * 100:g}) {'OK' if goal['accuracy_ok'] else 'NOT MET'}: "
+              f"{'MET' if goal['met'] else 'NOT MET'}")
+    print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} cpus, shared: "
+          f"timings are noisy)")
+
+    result = {
+        "benchmark": "modes", "dataset": args.dataset, "dataset_name": dataset.name,
+        "num_nodes": dataset.num_nodes, "num_edges": dataset.num_edges, "num_features": dataset.num_features,
+        "num_classes": dataset.num_classes, "epochs": args.epochs, "warmup_epochs": args.warmup,
+        "timed": "epoch_s = wall time of one training step including the evaluation forward pass (eval_every=1); "
+                 "s/epoch statistics over the epochs after the warm-up; staleness, lag, time to target over all",
+        "partition": {"method": "metis", "parts": args.parts, "seed": args.seed, "seconds": partition_s,
+                      "store_sha256": store_fingerprint, "note": "partitioned once, outside every timing; every "
+                                                                "mode trains on the same store"},
+        "target_fraction": args.target_fraction, "target_test_acc": target,
+        "config": {**base.to_dict(), "mode": None, "staleness": None, "partitions": None, "run_dir": None},
+        "modes": rows, "goal": goal,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+                    "numpy": np.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "load_average_before": load_before, "load_average_after": load_after},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(result, output)
+    print(f"wrote {output}")
+    return result
+
+
+if __name__ == "__main__":  # required: the emulator's workers are started with 'spawn' and re-import main
+    try:
+        main()
+    except DorylusError as e:
+        sys.exit(f"bench_modes: {e}")
