@@ -231,8 +231,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="config file (.toml or .json); flags override it")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its checkpoint.pt with its config.json, appending "
-                             "to its metrics.jsonl; only --epochs, --eval-every, --checkpoint-every, "
-                             "--task-timeout-s, --watchdog-* and --lambda-start-latency-ms may change")
+                             "to its metrics.jsonl; only how long and how carefully it runs may change: --epochs, "
+                             "--eval-every, --checkpoint-every, --task-timeout-s, --watchdog-*, --functions, "
+                             "--relaunch-*, --max-attempts and the emulator's physics")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")

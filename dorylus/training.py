@@ -122,7 +122,9 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
 DEFAULT_PARTS = 2
 # What `--resume` may change: how long and how carefully to run, never what is computed.
 RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
-                              "watchdog_factor", "lambda_start_latency_ms"})
+                              "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "max_attempts",
+                              "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
+                              "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like"})
 
 
 def check_new_run(config: TrainConfig) -> TrainConfig:
