@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -52,7 +51,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
-from common import positive_int, write_json
+from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("reference", "cpu", "lambda")
@@ -224,9 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "statistics over the timed epochs only",
         "config": {**base.to_dict(), "backend": None},
         "backends": rows, "loss_checks": checks,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "numpy": np.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "load_average_before": load_before, "load_average_after": load_after},
+        "machine": machine_info(load_before, load_after),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(result, output)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -55,7 +54,7 @@ from dorylus.models import gcn
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import assign_parts, open_store, write_store
 from graphserver.state import PartitionState, spmm
-from common import positive_int, write_json
+from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "torch.sparse.mm CSR"
@@ -203,10 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gb_per_s_formula": "(nnz * d * 4 + n_rows * d * 4) / median_seconds / 1e9 (dense float32 read per stored "
                             "entry + output written; CSR structure not counted)",
         "config": config.to_dict(), "rows": rows,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "numpy": np.__version__, "scipy": scipy.__version__, "cpu_count": os.cpu_count(),
-                    "usable_cpus": len(os.sched_getaffinity(0)),
-                    "load_average_before": load_before, "load_average_after": load_after},
+        "machine": {**machine_info(load_before, load_after), "scipy": scipy.__version__},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(result, args.output)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
 import re
 import statistics
 import sys
@@ -49,7 +48,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
@@ -58,7 +56,7 @@ from dorylus.errors import DorylusError
 from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
-from common import positive_int, write_json
+from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODES = "sync,pipe,async0,async1"
@@ -272,9 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "target_fraction": args.target_fraction, "target_test_acc": target,
         "config": {**base.to_dict(), "mode": None, "staleness": None, "partitions": None, "run_dir": None},
         "modes": rows, "goal": goal,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "numpy": np.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "load_average_before": load_before, "load_average_after": load_after},
+        "machine": machine_info(load_before, load_after),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(result, output)

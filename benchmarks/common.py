@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,17 @@ def write_json(result: dict[str, Any], path: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def machine_info(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> dict[str, Any]:
+    """What a result depends on besides its code: platform, versions, cores, torch threads, load."""
+    import numpy as np
+    import torch
+
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": np.__version__, "cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
+            "torch_threads": torch.get_num_threads(), "load_average_before": load_before,
+            "load_average_after": load_after}
 
 
 def positive_int(text: str) -> int:

@@ -70,7 +70,6 @@ count other than ``expected``), ``bad_state`` (a ``set_state`` whose tensors do 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import threading

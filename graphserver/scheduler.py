@@ -64,7 +64,6 @@ class Scheduler:
         self.records: dict[int, _EpochRecord] = defaultdict(_EpochRecord)
         self.version_waits: dict[int, asyncio.Future] = {}
         self.known_version = -1
-        self.finished = -1 + first  # last epoch every interval finished
         config = server.config
         self.autotuner = (Autotuner(1, self.n, min(self.n, 4)) if config.functions is None else None)
         server.backend.concurrency = self.autotuner.value if self.autotuner else min(config.functions, self.n)
@@ -254,7 +253,6 @@ class Scheduler:
         }
         server.reports.append(report)
         del self.records[epoch]
-        self.finished = epoch
         if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps
             new = self.autotuner.update(record.train_end - record.train_start, queued=stats.get("max_waiting", 0) > 0)
             if new is not None:

@@ -45,8 +45,7 @@ from dorylus.protocol import Bounds, Header, Op, ProtocolError
 from dorylus.runs import atomic_write_text
 from graphserver.invoker import TaskFailed
 from graphserver.modes import get_mode
-
-PASSES = ("train", "eval")
+from graphserver.scheduler import PASSES, Scheduler
 
 
 class AsyncPeer:
@@ -360,8 +359,6 @@ class GraphServer:
             asyncio.create_task(self._connect(identity, header, [e for e in str(m["peers"]).split(",")]))
             return
         if command == "train":
-            from graphserver.scheduler import Scheduler
-
             if self.training is not None and not self.training.done():
                 raise ProtocolError("bad_command", "already training", req=header.req)
             self.scheduler = Scheduler(self, first=int(m["first"]), last=int(m["last"]), epochs=int(m["epochs"]),

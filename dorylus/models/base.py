@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 FUNCTION, VERTEX, GATHER, GATHER_BACKWARD = "function", "vertex", "gather", "gather_backward"
-STAGE_KINDS = (FUNCTION, VERTEX, GATHER, GATHER_BACKWARD)
 
 # How a stage's function gets the weights of its layer (DESIGN §3, weight stashing):
 PIN = "pin"        # the newest version, pinned under (part, interval, epoch, layer)

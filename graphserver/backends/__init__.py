@@ -14,6 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 
+class Backend:
+    """What backends share: their calls wait for slots of ``self.limiter``
+    (:class:`graphserver.limiter.PriorityLimiter`), whose capacity is the concurrency."""
+
+    limiter: Any
+
+    @property
+    def concurrency(self) -> int:
+        return self.limiter.capacity
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self.limiter.capacity = value
+
+
 def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: str | None, function_name: str):
     if name == "cpu":
         from graphserver.backends.cpu import CpuBackend

@@ -10,23 +10,16 @@ from typing import Any
 
 from dorylus.models import get_model
 from dorylus.protocol import Header, Op
+from graphserver.backends import Backend
 from graphserver.limiter import PriorityLimiter
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     def __init__(self, server, *, concurrency: int):
         self.server = server
         self.limiter = PriorityLimiter(concurrency)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=server.config.intervals)
         self.calls = 0
-
-    @property
-    def concurrency(self) -> int:
-        return self.limiter.capacity
-
-    @concurrency.setter
-    def concurrency(self, value: int) -> None:
-        self.limiter.capacity = value
 
     async def run(self, event: dict[str, Any], priority: tuple) -> None:
         server = self.server
