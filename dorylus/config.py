@@ -33,11 +33,15 @@ class TrainConfig:
                         "synthetic-reddit) or a path (.npz, edge list, OGB directory)")
     row_normalize_features: bool = _opt(True, "divide each feature row by its sum (the Planetoid recipe)")
     # model
-    model: str = _opt("gcn", "model architecture", ("gcn",))
+    model: str = _opt("gcn", "model architecture: 'gcn' (Kipf & Welling), 'gat' (Velickovic et al., multi-head "
+                      "attention), 'sage' (GraphSAGE, mean aggregator with root weight)", ("gcn", "gat", "sage"))
     layers: int = _opt(2, "number of graph convolution layers")
-    hidden: int = _opt(16, "hidden width of every layer but the last")
+    hidden: int = _opt(16, "hidden width of every layer but the last (gat: per head)")
     dropout: float = _opt(0.5, "dropout on the input of every layer after the first")
     input_dropout: float = _opt(0.5, "dropout on the input features (layer 0)")
+    heads: int = _opt(8, "gat: attention heads of every layer but the last (their outputs are concatenated)")
+    out_heads: int = _opt(1, "gat: attention heads of the last layer (their outputs are averaged)")
+    attention_dropout: float = _opt(0.0, "gat: dropout on the attention coefficients (after the edge softmax)")
     # optimizer
     optimizer: str = _opt("adam", "optimizer", ("adam", "sgd"))
     lr: float = _opt(0.01, "learning rate")
@@ -113,6 +117,8 @@ class TrainConfig:
             (self.hidden >= 1, "hidden must be >= 1"),
             (0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)"),
             (0.0 <= self.input_dropout < 1.0, "input_dropout must be in [0, 1)"),
+            (self.heads >= 1 and self.out_heads >= 1, "heads and out_heads must be >= 1"),
+            (0.0 <= self.attention_dropout < 1.0, "attention_dropout must be in [0, 1)"),
             (math.isfinite(self.lr) and self.lr > 0, "lr must be a positive number"),
             (math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.epochs >= 1, "epochs must be >= 1"),

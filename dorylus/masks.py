@@ -58,3 +58,29 @@ def dropout(x: np.ndarray, seed: int, epoch: int, layer: int, vertex_ids: np.nda
         return x
     keep = keep_mask(seed, epoch, layer, vertex_ids, x.shape[1], p)
     return np.where(keep, x * np.float32(1.0 / (1.0 - p)), np.float32(0.0)).astype(x.dtype, copy=False)
+
+
+# Edge masks draw from their own streams, never correlated with a vertex mask of the same key.
+_EDGE_STREAM = np.uint64(0x5EED_ED6E_0000_0001)
+
+
+def keep_edge_mask(seed: int, epoch: int, layer: int, dst_ids: np.ndarray, src_ids: np.ndarray, width: int,
+                   p: float) -> np.ndarray:
+    """``bool [nnz, width]`` for edges ``src -> dst`` (global vertex ids): ``True`` where kept,
+    with probability ``1 - p``. Element ``(e, j)`` depends only on ``(seed, epoch, layer,
+    dst_e, src_e, j)``, so attention dropout does not depend on partitioning either."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    dst, src = np.asarray(dst_ids, dtype=np.uint64), np.asarray(src_ids, dtype=np.uint64)
+    if dst.shape != src.shape or dst.ndim != 1:
+        raise ValueError(f"dst_ids and src_ids must be 1-D of one length, got {dst.shape} and {src.shape}")
+    blocks = -(-width // 4)
+    with np.errstate(over="ignore"):
+        edge = dst * _GOLDEN
+        edge += _stream_key(seed, epoch, layer) ^ _EDGE_STREAM
+        edge = _mix64(edge)
+        edge ^= src * _M2
+        counter = edge[:, None] + np.arange(blocks, dtype=np.uint64)[None, :] * _GOLDEN
+        bits = _mix64(counter).astype("<u8", copy=False).view("<u2")
+    threshold = np.uint16(min(int(round(p * 65536)), 65535))
+    return bits.reshape(len(dst), blocks * 4)[:, :width] >= threshold

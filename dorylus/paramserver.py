@@ -119,7 +119,7 @@ def _meta_int(header: Header, name: str, default: int | None = None) -> int:
 
 
 class ParameterServer:
-    """Weights ``W_l`` (float32 ``[in_dim_l, out_dim_l]``) of one model and their optimizer.
+    """Weights ``W_l`` (float32, shapes from the model: ``ModelSpec.weight_shapes``) of one model and their optimizer.
 
     Args:
         spec: the model; initial weights are ``spec.init_weights(seed)``.
@@ -505,13 +505,13 @@ class ParameterServer:
             raise fail(f"{len(tensors)} tensors but {len(header.names)} names")
         arrays = dict(zip(header.names, tensors))
         weights = []
-        for layer, spec in enumerate(self.spec.layers):
+        for layer, shape in enumerate(self.spec.weight_shapes()):
             w = arrays.pop(f"W{layer}", None)
             if w is None:
                 raise fail(f"no weights for layer {layer}")
-            if w.shape != (spec.in_dim, spec.out_dim) or w.dtype != np.float32:
+            if w.shape != shape or w.dtype != np.float32:
                 raise fail(f"layer {layer} weights are {w.dtype}{list(w.shape)}, the model needs "
-                           f"float32{[spec.in_dim, spec.out_dim]}")
+                           f"float32{list(shape)}")
             weights.append(np.array(w))
         try:
             load_optimizer_arrays(self._optimizer, arrays)  # validates everything before changing anything

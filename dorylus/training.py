@@ -17,7 +17,7 @@ from dorylus.config import TrainConfig
 from dorylus.cost import server_cost_usd
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
-from dorylus.models.reference import ReferenceGCN, SparseAdjacency, accuracy, masked_loss
+from dorylus.models.reference import ReferenceModel, accuracy, masked_loss, whole_graph
 from dorylus.optim import build_optimizer, load_optimizer_arrays, optimizer_arrays
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize, row_normalize
@@ -53,18 +53,18 @@ class ReferenceTrainer:
         self.config = config
         data = graph.dataset
         self.spec = ModelSpec.from_config(config, data.num_features, data.num_classes)
-        self.adj = SparseAdjacency(graph.adjacency)
+        self.graph = whole_graph(graph.adjacency)
         self.features = torch.from_numpy(graph.features)
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
-        self.model = ReferenceGCN(self.spec, config.seed)
+        self.model = ReferenceModel(self.spec, config.seed)
         self.optimizer = build_optimizer(list(self.model.weights), config.optimizer, config.lr,
                                          [layer.weight_decay for layer in self.spec.layers])
 
     def step(self, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()
         self.model.train()
-        logits = self.model(self.adj, self.features, epoch, training=True)
+        logits = self.model(self.graph, self.features, epoch, training=True)
         loss = masked_loss(logits, self.labels, self.masks["train"])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -83,7 +83,7 @@ class ReferenceTrainer:
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict[str, float]:
         self.model.eval()
-        logits = self.model(self.adj, self.features, epoch, training=False)
+        logits = self.model(self.graph, self.features, epoch, training=False)
         return {f"{name}_acc": accuracy(logits, self.labels, mask) for name, mask in self.masks.items()}
 
     def state(self, epoch: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:

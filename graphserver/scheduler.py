@@ -117,7 +117,7 @@ class Scheduler:
             start = time.perf_counter()
             if stage.kind == GATHER:
                 await self._meet((pass_, epoch, k), lambda: self._scatter(pass_, epoch, stage))
-                await server.run_in_thread(server.state.gather, stage.reads[0], stage.writes[0], i)
+                await server.run_in_thread(server.run_gather, stage, pass_, epoch, i)
             elif stage.kind == GATHER_BACKWARD:
                 await self._meet((pass_, epoch, k), lambda: self._gather_backward(pass_, epoch, stage))
             elif stage.kind == VERTEX:
@@ -170,29 +170,32 @@ class Scheduler:
     # ------------------------------------------------------------------ scatter
 
     async def _scatter(self, pass_: str, epoch: int, stage: Stage) -> None:
-        """SC: peers get our rows of the Gather's input that they hold as ghosts; theirs fill ours."""
+        """SC: peers get our rows of the Gather's inputs that they hold as ghosts; theirs fill ours."""
         server = self.server
-        name = stage.reads[0]
-        buffer = server.state.buffers[name]
         part = server.state.part
-        await server.send_ghosts("SC", pass_, epoch, stage.layer, name,
-                                 {j: buffer[part.send_rows(j)] for j in server.peers})
-        received = await self._receive("SC", pass_, epoch, stage.layer, name)
-        for j, rows in received.items():
-            buffer[part.ghost_rows(j)] = rows
+        for name in stage.reads:
+            buffer = server.state.buffers[name]
+            await server.send_ghosts("SC", pass_, epoch, stage.layer, name,
+                                     {j: buffer[part.send_rows(j)] for j in server.peers})
+        for name in stage.reads:
+            buffer = server.state.buffers[name]
+            received = await self._receive("SC", pass_, epoch, stage.layer, name)
+            for j, rows in received.items():
+                buffer[part.ghost_rows(j)] = rows
 
     async def _gather_backward(self, pass_: str, epoch: int, stage: Stage) -> None:
         server = self.server
         state, part = server.state, server.state.part
-        local = await server.run_in_thread(state.gather_backward, stage.reads[0])
-        name = stage.writes[0]
-        await server.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
-                                 {j: local[part.ghost_rows(j)] for j in server.peers})
-        grad = state.buffers[name]
-        grad[:] = local[: state.n_owned]
-        received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name)
-        for j in sorted(received):  # fixed order: the sum does not depend on arrival order
-            grad[part.send_rows(j)] += received[j]
+        local = await server.run_in_thread(server.run_gather_backward, stage, pass_, epoch)
+        for name, contribution in zip(stage.writes, local):
+            await server.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
+                                     {j: contribution[part.ghost_rows(j)] for j in server.peers})
+        for name, contribution in zip(stage.writes, local):
+            grad = state.buffers[name]
+            grad[:] = contribution[: state.n_owned]
+            received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name)
+            for j in sorted(received):  # fixed order: the sum does not depend on arrival order
+                grad[part.send_rows(j)] += received[j]
 
     async def _receive(self, task: str, pass_: str, epoch: int, layer: int, name: str) -> dict[int, np.ndarray]:
         """Every peer's newest rows of ``name``, waiting until each is at most S epochs old."""

@@ -271,6 +271,22 @@ class GraphServer:
         for name, values in zip(stage.writes, result.rows):
             self.state.buffers[name][a:b] = values
 
+    def run_gather(self, stage, pass_: str, epoch: int, interval: int) -> None:
+        a, b = self.state.intervals[interval]
+        inputs = [self.state.buffers[name] for name in stage.reads]
+        result = self.model.gather(stage.task, stage.layer, self.state.graph, (a, b), inputs,
+                                   self.stage_args(stage, pass_, epoch))
+        for name, values in zip(stage.writes, result):
+            self.state.buffers[name][a:b] = values
+
+    def run_gather_backward(self, stage, pass_: str, epoch: int) -> list[np.ndarray]:
+        """The stage's gradients for every local row (ghost rows: contributions to the peers)."""
+        n = self.state.n_owned
+        inputs = [self.state.buffers[name][:n] if k == 0 else self.state.buffers[name]
+                  for k, name in enumerate(stage.reads)]
+        return self.model.gather_backward(stage.task, stage.layer, self.state.graph, inputs,
+                                          self.stage_args(stage, pass_, epoch))
+
     def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
         return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",
                 "train_count": self.meta.train_count}

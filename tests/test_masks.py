@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dorylus.masks import dropout, keep_mask
+from dorylus.masks import dropout, keep_edge_mask, keep_mask
 
 
 def test_partition_independent_and_keyed():
@@ -33,3 +33,22 @@ def test_importable_without_torch():
 
     code = "import sys; sys.modules['torch'] = None; import dorylus.masks"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_edge_mask_is_keyed_by_both_ends_and_order_free():
+    rng = np.random.default_rng(0)
+    dst, src = rng.integers(0, 10**6, 5000), rng.integers(0, 10**6, 5000)
+    mask = keep_edge_mask(1, 2, 3, dst, src, 8, 0.6)
+    assert mask.shape == (5000, 8) and mask.dtype == bool
+    assert abs(mask.mean() - 0.4) < 0.01
+    order = rng.permutation(5000)
+    np.testing.assert_array_equal(keep_edge_mask(1, 2, 3, dst[order], src[order], 8, 0.6), mask[order])
+    # the reverse edge, another epoch or layer: other draws (agreement at chance, 0.4^2 + 0.6^2)
+    for other in (keep_edge_mask(1, 2, 3, src, dst, 8, 0.6), keep_edge_mask(1, 3, 3, dst, src, 8, 0.6),
+                  keep_edge_mask(1, 2, 4, dst, src, 8, 0.6)):
+        assert abs((other == mask).mean() - 0.52) < 0.02
+    # not the vertex mask of the same key
+    vertex = keep_mask(1, 2, 3, dst, 8, 0.6)
+    assert abs((vertex == mask).mean() - 0.52) < 0.02
+    with pytest.raises(ValueError, match="one length"):
+        keep_edge_mask(1, 2, 3, dst, src[:-1], 8, 0.6)

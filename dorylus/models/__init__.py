@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODELS = {"gcn": "dorylus.models.gcn"}
+MODELS = {"gcn": "dorylus.models.gcn", "gat": "dorylus.models.gat", "sage": "dorylus.models.sage"}
 
 
 def get_model(name: str) -> ModuleType:

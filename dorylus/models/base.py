@@ -1,11 +1,24 @@
 """What a model module declares, and what the roles interpret (DESIGN §2).
 
 A model is a :class:`Plan` (the stages of a training pass and of an evaluation pass, and the
-row buffers they read and write) plus one function, ``compute(task, layer, rows, w, args)``,
-that does the tensor work of a ``FUNCTION`` or ``VERTEX`` stage in torch-free numpy. The graph
-server runs the stages, the function (``lambdas.handler``) and the ``cpu`` backend call
-``compute``; neither knows which model it runs. A new model is a new module in
-``dorylus/models/`` registered in :data:`dorylus.models.MODELS`.
+row buffers they read and write) plus three functions:
+
+* ``compute(task, layer, rows, w, args) -> Result``: the tensor work of a ``FUNCTION`` or
+  ``VERTEX`` stage on one interval, in torch-free numpy;
+* ``gather(task, layer, graph, rows, inputs, args) -> list``: a ``GATHER`` stage on the owned
+  rows ``rows = (start, stop)``, from the local rows (owned and ghost) of its ``reads``;
+* ``gather_backward(task, layer, graph, inputs, args) -> list``: a ``GATHER_BACKWARD`` stage on
+  every owned row; ``inputs`` are the owned rows of the gradient ``reads[0]`` and the local rows
+  of the rest; each result is ``[local rows, width]``, its ghost rows being contributions to
+  rows that peers own.
+
+``graph`` is a :class:`dorylus.models.graph.CsrGraph` (in-edges of the owned rows, columns the
+local rows), and ``args`` are the stage's ``args`` plus ``seed``, ``epoch``, ``training`` and
+``train_count``. The graph server runs the stages; the function (``lambdas.handler``) and the
+``cpu`` backend call ``compute``; none of them knows which model it runs. A new model is a new
+module in ``dorylus/models/`` registered in :data:`dorylus.models.MODELS`, with
+``build_plan(spec)``, ``weight_shape(layer)``, ``init_weight(layer, rng)``, the three functions
+above and ``reference_layer`` (its torch twin for the single-process reference).
 
 Stage kinds:
 
@@ -13,11 +26,11 @@ Stage kinds:
 kind                runs in         does
 ==================  ==============  ===================================================================
 ``FUNCTION``        backend         ``compute`` on one interval's rows of ``reads``; writes ``writes``
-``VERTEX``          graph server    the same, for cheap element-wise work that Gather needs first
-``GATHER``          graph server    ``writes[0][rows] = A_hat[rows, :] · reads[0]`` (Scatter first:
-                                    ``reads[0]`` has ghost rows, filled from the peers)
-``GATHER_BACKWARD`` graph server    ``writes[0] = (A_hat^T · reads[0])`` summed over partitions
-                                    (backward Scatter of the ghost rows' contributions)
+``VERTEX``          graph server    the same, for cheap element-wise work
+``GATHER``          graph server    ``gather`` on one interval's rows (Scatter first: every buffer in
+                                    ``reads`` has ghost rows, filled from the peers)
+``GATHER_BACKWARD`` graph server    ``gather_backward`` on the partition, then the backward Scatter:
+                                    ghost rows' contributions go to their owners and are summed
 ==================  ==============  ===================================================================
 
 Buffers named in ``reads``/``writes`` are float32 ``[rows, width]`` matrices of the graph
@@ -74,7 +87,7 @@ class Plan:
     @property
     def ghosted(self) -> frozenset[str]:
         """Buffers Gather reads: they have ghost rows after the owned ones."""
-        return frozenset(s.reads[0] for s in (*self.train, *self.evaluate) if s.kind == GATHER)
+        return frozenset(name for s in (*self.train, *self.evaluate) if s.kind == GATHER for name in s.reads)
 
     def function_calls_per_interval(self, training: bool) -> int:
         return sum(s.kind == FUNCTION for s in (self.train if training else self.evaluate))

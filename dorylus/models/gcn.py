@@ -31,23 +31,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dorylus.masks import keep_mask
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, VERTEX, Plan, Result, Stage
-from dorylus.models.spec import LayerSpec, ModelSpec
-
-# Split codes: one uint8 per row, a bit per split (a row in no split has code 0).
-TRAIN = np.uint8(1)
-VAL = np.uint8(2)
-TEST = np.uint8(4)
-SPLITS = {"train": TRAIN, "val": VAL, "test": TEST}
-
-
-def encode_split(train_mask: np.ndarray, val_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
-    """``uint8 [N]`` split codes from three ``bool [N]`` masks: ``TRAIN*train | VAL*val | TEST*test``."""
-    return (np.asarray(train_mask, dtype=np.uint8) * TRAIN
-            | np.asarray(val_mask, dtype=np.uint8) * VAL
-            | np.asarray(test_mask, dtype=np.uint8) * TEST).astype(np.uint8)
-
+from dorylus.models.ops import (as_float32, check_shape, loss_stage, matmul, prepare, prepare_backward,
+                                softmax_cross_entropy)
+from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
 def projects_first(layer: LayerSpec) -> bool:
     """``A_hat · (H W)`` when the input is wider than the output (DGL's GraphConv rule)."""
@@ -65,7 +52,7 @@ def build_plan(spec: ModelSpec) -> Plan:
     for layer in spec.layers:
         l = layer.index
         src = "X" if l == 0 else f"Y{l - 1}"
-        args = (("dropout", layer.dropout), ("relu_in", l > 0), ("project_first", projects_first(layer)))
+        args = (("dropout", layer.dropout), ("act_in", spec.layers[l - 1].activation if l > 0 else None), ("project_first", projects_first(layer)))
         grad_src = () if l == 0 else (f"dY{l - 1}",)
         if projects_first(layer):
             widths.update({f"P{l}": layer.out_dim, f"Y{l}": layer.out_dim, f"dY{l}": layer.out_dim,
@@ -100,6 +87,24 @@ def build_plan(spec: ModelSpec) -> Plan:
     return Plan(train=train, evaluate=evaluate, widths=widths)
 
 
+def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
+           args: dict[str, Any]) -> list[np.ndarray]:
+    """GA: ``A_hat[rows, :] · inputs[0]``."""
+    return [graph.aggregate("gcn", inputs[0], rows)]
+
+
+def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
+    """GA_BWD: ``A_hat^T · dY`` over the local rows."""
+    return [graph.aggregate_transpose("gcn", inputs[0])]
+
+
+def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
+    """The torch twin of one layer for the single-process reference (autograd does the backward)."""
+    from dorylus.models.reference import aggregate
+
+    return aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, h) @ weight
+
+
 def _for_evaluation(stage: Stage) -> Stage:
     """The forward stage without dropout's key use, weights unpinned and no gradient."""
     from dataclasses import replace
@@ -123,137 +128,47 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
     """
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
-    relu_in = bool(args.get("relu_in", False))
+    act = args.get("act_in")
     if task == "PREP":
         src, ids = rows
-        return Result([_prepare(src, ids, key, p, relu_in, training)])
+        return Result([prepare(src, ids, key, p, act, training)])
     if task == "PREP_BWD":
         grad_h, src, ids = rows
-        return Result([_prepare_backward(grad_h, src, ids, key, p, relu_in)])
+        return Result([prepare_backward(grad_h, src, ids, key, p, act)])
     if task == "AV":
         if args["project_first"]:
             src, ids = rows
-            h = _prepare(src, ids, key, p, relu_in, training)
-            return Result([_matmul(h, w)])
-        return Result([_matmul(rows[0], w)])
+            h = prepare(src, ids, key, p, act, training)
+            return Result([matmul(h, w)])
+        return Result([matmul(rows[0], w)])
     if task == "AV_BWD":
         if args["project_first"]:
             grad_p, src, ids = rows
-            h = _prepare(src, ids, key, p, relu_in, True)
-            grad_p = _check_shape(grad_p, "grad", (h.shape[0], _as_float32(w, "w").shape[1]))
-            out = [_prepare_backward(grad_p @ w.T, src, ids, key, p, relu_in)] if layer > 0 else []
+            h = prepare(src, ids, key, p, act, True)
+            grad_p = check_shape(grad_p, "grad", (h.shape[0], as_float32(w, "w").shape[1]))
+            out = [prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
             return Result(out, grad_w=h.T @ grad_p)
         z, grad_y = rows
-        z = _check_shape(z, "z", (None, _as_float32(w, "w").shape[0]))
-        grad_y = _check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
+        z = check_shape(z, "z", (None, as_float32(w, "w").shape[0]))
+        grad_y = check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
         return Result([grad_y @ w.T] if layer > 0 else [], grad_w=z.T @ grad_y)
     if task == "LOSS":
-        y, labels, split = rows
-        loss = softmax_cross_entropy(y, labels, split, int(args["train_count"]), training)
-        return Result([loss.grad] if training else [], meta=loss.meta)
+        return loss_stage(rows, args)
     if task == "AV_LOSS":
         z, labels, split = rows
-        z = _as_float32(z, "z")
-        loss = softmax_cross_entropy(_matmul(z, w), labels, split, int(args["train_count"]), training)
+        z = as_float32(z, "z")
+        loss = softmax_cross_entropy(matmul(z, w), labels, split, int(args["train_count"]), training)
         if not training:
             return Result([], meta=loss.meta)
         return Result([loss.grad @ w.T] if layer > 0 else [], grad_w=z.T @ loss.grad, meta=loss.meta)
     raise ValueError(f"gcn has no task {task!r}")
 
 
-def _prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, relu_in: bool,
-             training: bool) -> np.ndarray:
-    """``H = dropout(relu(src))`` (no ReLU on layer 0's features), inverted dropout, float32."""
-    h = _as_float32(src, "src")
-    if np.shape(ids) != (h.shape[0],):
-        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({h.shape[0]},) (one id per row)")
-    if relu_in:
-        h = np.maximum(h, np.float32(0.0))
-    if training and p > 0.0:
-        h = np.where(keep_mask(*key, ids, h.shape[1], p), h * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
-    return h
+def weight_shape(layer: LayerSpec) -> tuple[int, int]:
+    """``W_l``: ``[in_dim, out_dim]``."""
+    return (layer.in_dim, layer.out_dim)
 
 
-def _prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float,
-                      relu_in: bool) -> np.ndarray:
-    """``dL/dsrc = dL/dH * M / (1 - p) * [src > 0]`` with the same mask ``M`` as the forward."""
-    src = _as_float32(src, "src")
-    grad = _check_shape(grad_h, "grad", src.shape)
-    if np.shape(ids) != (src.shape[0],):
-        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({src.shape[0]},) (one id per row)")
-    if p > 0.0:
-        grad = np.where(keep_mask(*key, ids, grad.shape[1], p), grad * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
-    if relu_in:
-        grad = np.where(np.asarray(src) > 0, grad, np.float32(0.0))
-    return grad
-
-
-class _Loss:
-    def __init__(self, meta: dict[str, Any], grad: np.ndarray | None):
-        self.meta, self.grad = meta, grad
-
-
-def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, split: np.ndarray, train_count: int,
-                          training: bool) -> _Loss:
-    """Loss share, accuracy counts and ``dL/dlogits`` of one interval.
-
-    With ``S = softmax(Y)`` row-wise, ``T`` the train rows, ``N = train_count`` (global)::
-
-        loss = -sum_{i in T} log S[i, label_i] / N
-        G    = (S - onehot(label)) / N  on rows in T, 0 elsewhere
-
-    ``meta`` holds ``loss`` and ``correct_train``/``_val``/``_test``: rows of each split whose
-    argmax (first maximum on ties, as torch.argmax) equals the label. Rows outside every split
-    may have any label (e.g. -1).
-    """
-    logits = _as_float32(logits, "logits")
-    n, num_classes = logits.shape
-    labels, split = np.asarray(labels), np.asarray(split)
-    if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be integers of shape ({n},), got {labels.dtype} {labels.shape}")
-    if split.shape != (n,) or split.dtype != np.uint8:
-        raise ValueError(f"split must be uint8 of shape ({n},), got {split.dtype} {split.shape}")
-    bad = (split != 0) & ((labels < 0) | (labels >= num_classes))
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise ValueError(f"row {row} is in a split but has label {int(labels[row])}, outside [0, {num_classes})")
-    train_rows = np.flatnonzero(split & TRAIN)
-    if not isinstance(train_count, (int, np.integer)) or train_count < max(len(train_rows), 1):
-        raise ValueError(f"train_count must be an int >= 1 and >= this interval's {len(train_rows)} train rows, "
-                         f"got {train_count!r}")
-    correct_rows = np.argmax(logits, axis=1) == labels
-    meta: dict[str, Any] = {f"correct_{name}": int(np.count_nonzero(correct_rows & ((split & bit) != 0)))
-                            for name, bit in SPLITS.items()}
-    train_logits = logits[train_rows]
-    shifted = train_logits - train_logits.max(axis=1, keepdims=True)  # exp never overflows
-    log_sum = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    meta["loss"] = float(-(shifted - log_sum)[np.arange(len(train_rows)), labels[train_rows]].sum(dtype=np.float64)
-                         / train_count)
-    if not training:
-        return _Loss(meta, None)
-    grad = np.zeros_like(logits)
-    train_grad = np.exp(shifted - log_sum)
-    train_grad[np.arange(len(train_rows)), labels[train_rows]] -= np.float32(1.0)
-    grad[train_rows] = train_grad / np.float32(train_count)
-    return _Loss(meta, grad)
-
-
-def _matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    x, w = _as_float32(x, "rows"), _as_float32(w, "w")
-    if x.shape[1] != w.shape[0]:
-        raise ValueError(f"rows have {x.shape[1]} columns but w has {w.shape[0]} rows (shapes {x.shape}, {w.shape})")
-    return x @ w
-
-
-def _check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.ndarray:
-    x = _as_float32(x, name)
-    if any(want is not None and got != want for got, want in zip(x.shape, shape)):
-        raise ValueError(f"{name} has shape {x.shape}, expected {tuple('any' if d is None else d for d in shape)}")
-    return x
-
-
-def _as_float32(x: np.ndarray, name: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D matrix, got shape {x.shape}")
-    return x.astype(np.float32, copy=False)
+def init_weight(layer: LayerSpec, rng) -> np.ndarray:
+    """Glorot uniform, as Kipf & Welling."""
+    return glorot(rng, layer.in_dim, layer.out_dim)

@@ -5,7 +5,8 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.models.base import GATHER, GATHER_BACKWARD, STATIC
-from dorylus.models.gcn import TEST, TRAIN, VAL, build_plan
+from dorylus.models.gcn import build_plan
+from dorylus.models.ops import TEST, TRAIN, VAL
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import gcn_normalize, row_normalize
 from dorylus.partition import assign_parts, open_store, write_store
@@ -141,6 +142,16 @@ def test_local_adjacency_is_the_global_rows(store, dense_adjacency):
         np.testing.assert_allclose(from_store, local, rtol=1e-6, atol=1e-7)
 
 
+def _gather(state: PartitionState, src: str, dst: str, interval: int) -> None:
+    """GCN's GA of one interval, as the graph server runs it."""
+    a, b = state.intervals[interval]
+    state.buffers[dst][a:b] = state.graph.aggregate("gcn", state.buffers[src], (a, b))
+
+
+def _gather_backward(state: PartitionState, src: str) -> np.ndarray:
+    return state.graph.aggregate_transpose("gcn", state.buffers[src][: state.n_owned])
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("num_intervals", [1, 3, 1000])
 def test_interval_gather_equals_dense_product(store, dense_adjacency, config, num_intervals):
@@ -160,7 +171,7 @@ def test_interval_gather_equals_dense_product(store, dense_adjacency, config, nu
             expected = a @ state.buffers[src].astype(np.float64)
             src_before = state.buffers[src].copy()
             for k, (lo, hi) in enumerate(state.intervals):
-                state.gather(src, dst, k)
+                _gather(state, src, dst, k)
                 out = state.buffers[dst]
                 np.testing.assert_allclose(out[lo:hi], expected[lo:hi], rtol=1e-5, atol=1e-5)
                 np.testing.assert_allclose(out[:hi], expected[:hi], rtol=1e-5, atol=1e-5)  # earlier kept
@@ -178,7 +189,7 @@ def test_gather_reads_ghost_rows(store, dense_adjacency):
     state.buffers["P0"][: part.n_owned] = 0.0
     state.buffers["P0"][part.n_owned:] = 1.0
     for k in range(len(state.intervals)):
-        state.gather("P0", "Y0", k)
+        _gather(state, "P0", "Y0", k)
     np.testing.assert_allclose(state.buffers["Y0"][:, 0], a[:, part.n_owned:].sum(axis=1), rtol=1e-5, atol=1e-6)
     assert state.buffers["Y0"].any()
 
@@ -200,7 +211,7 @@ def test_gather_backward_equals_dense_transpose(store, dense_adjacency, config):
             buf = state.buffers[src]
             buf[:] = rng.standard_normal(buf.shape).astype(np.float32)
             before = buf.copy()
-            out = state.gather_backward(src)
+            out = _gather_backward(state, src)
             assert out.shape == (part.n_local, plan.widths[src]) and out.dtype == np.float32
             np.testing.assert_allclose(out, a.T @ buf[: part.n_owned].astype(np.float64), rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(buf, before)
@@ -214,7 +225,7 @@ def test_gather_backward_uses_owned_rows_of_a_ghosted_buffer(store, dense_adjace
     buf[: part.n_owned] = np.arange(part.n_owned * buf.shape[1], dtype=np.float32).reshape(part.n_owned, -1)
     buf[part.n_owned:] = 1e6
     a = local_dense(part, dense_adjacency)
-    np.testing.assert_allclose(state.gather_backward("P0"), a.T @ buf[: part.n_owned], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(_gather_backward(state, "P0"), a.T @ buf[: part.n_owned], rtol=1e-5, atol=1e-4)
 
 
 def test_gather_backward_sums_to_the_global_transpose(store, dense_adjacency):
@@ -226,7 +237,7 @@ def test_gather_backward_sums_to_the_global_transpose(store, dense_adjacency):
         part = store.load_part(p)
         state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
         state.buffers["dY0"][:] = grad[part.owned]
-        np.add.at(total, part.global_ids(), state.gather_backward("dY0"))
+        np.add.at(total, part.global_ids(), _gather_backward(state, "dY0"))
     np.testing.assert_allclose(total, dense_adjacency.T @ grad, rtol=1e-5, atol=1e-5)
 
 
@@ -268,3 +279,26 @@ def test_global_ids_are_owned_then_ghosts(store):
     state = PartitionState(part, make_plan("mixed"), row_normalize_features=True, num_intervals=4)
     np.testing.assert_array_equal(state.global_ids, np.concatenate([part.owned, part.ghosts]))
     assert state.n_owned == part.n_owned
+
+
+def test_mean_aggregation_averages_over_whole_graph_in_neighbours(store, graph):
+    """SAGE's mean on a partition: every owned row's in-neighbours (some of them ghosts) count,
+    the self loop does not, so each row equals the global graph's row."""
+    adj = gcn_normalize(graph.src, graph.dst, graph.num_nodes)
+    mean = np.zeros((graph.num_nodes, graph.num_nodes))
+    for v in range(graph.num_nodes):
+        neighbours = [u for u in adj.indices[adj.indptr[v]:adj.indptr[v + 1]] if u != v]
+        mean[v, neighbours] = 1.0 / len(neighbours) if neighbours else 0.0
+    rng = np.random.default_rng(5)
+    plan = make_plan("project-first")
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
+        a = local_dense(part, mean)
+        assert part.n_ghost > 0 and np.abs(a[:, part.n_owned:]).sum() > 0
+        x = rng.standard_normal((part.n_local, 3)).astype(np.float32)
+        np.testing.assert_allclose(state.graph.aggregate("mean", x), a @ x, rtol=1e-5, atol=1e-6)
+        lo, hi = state.intervals[1]
+        np.testing.assert_allclose(state.graph.aggregate("mean", x, (lo, hi)), (a @ x)[lo:hi], rtol=1e-5, atol=1e-6)
+        g = rng.standard_normal((part.n_owned, 3)).astype(np.float32)
+        np.testing.assert_allclose(state.graph.aggregate_transpose("mean", g), a.T @ g, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,7 @@ import zmq
 
 import lambdas.handler as handler_module
 from dorylus import protocol
-from dorylus.models import gcn
+from dorylus.models import gcn, ops
 from dorylus.models.base import FUNCTION, STATIC
 from dorylus.models.spec import LayerSpec, ModelSpec
 from dorylus.protocol import Header, Op
@@ -150,7 +150,7 @@ def make_spec(dims: tuple[int, ...]) -> ModelSpec:
 
 def make_buffers(plan, num_features: int, num_classes: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    split = np.array([gcn.TRAIN, gcn.VAL, gcn.TEST, 0, gcn.TRAIN] * 2, np.uint8)
+    split = np.array([ops.TRAIN, ops.VAL, ops.TEST, 0, ops.TRAIN] * 2, np.uint8)
     labels = rng.integers(0, num_classes, N_ROWS).astype(np.int64)
     labels[split == 0] = -1
     buffers = {"X": rng.standard_normal((N_ROWS, num_features)).astype(np.float32),

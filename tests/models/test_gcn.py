@@ -26,8 +26,11 @@ from dorylus.masks import keep_mask
 from dorylus.models import get_model
 from dorylus.models import gcn
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, STATIC, VERTEX, Stage
-from dorylus.models.gcn import TEST, TRAIN, VAL, build_plan, compute, encode_split, projects_first
-from dorylus.models.reference import ReferenceGCN, SparseAdjacency, masked_loss
+from dorylus.models.gcn import build_plan, compute, projects_first
+from dorylus.models.ops import TEST, TRAIN, VAL, encode_split
+from dorylus.models import gcn
+from dorylus.models.reference import ReferenceModel, masked_loss, whole_graph
+from tests.models.interpreter import Interpreter
 from dorylus.models.spec import LayerSpec, ModelSpec
 from dorylus.normalize import gcn_normalize
 
@@ -49,7 +52,7 @@ def _t(x: np.ndarray, grad: bool = False) -> torch.Tensor:
 
 def _args(**kw) -> dict:
     """A stage's args as the graph server passes them (stage args + seed, epoch, training, train_count)."""
-    return {"dropout": 0.0, "relu_in": False, "project_first": True, "seed": SEED, "epoch": EPOCH,
+    return {"dropout": 0.0, "act_in": None, "project_first": True, "seed": SEED, "epoch": EPOCH,
             "training": True, "train_count": 1, **kw}
 
 
@@ -62,48 +65,48 @@ def _inputs(n: int = 9, fin: int = 6, fout: int = 4, seed: int = 0):
     return src, ids, w
 
 
-def _prepared(src_t: torch.Tensor, ids: np.ndarray, layer: int, p: float, relu_in: bool,
+def _prepared(src_t: torch.Tensor, ids: np.ndarray, layer: int, p: float, act_in: str | None,
               training: bool = True) -> torch.Tensor:
     """Oracle of ``H = dropout(relu(src))``, the mask from dorylus.masks.keep_mask."""
-    h = torch.relu(src_t) if relu_in else src_t
+    h = {"relu": torch.relu, "elu": torch.nn.functional.elu}[act_in](src_t) if act_in else src_t
     if training and p > 0:
         keep = torch.from_numpy(keep_mask(SEED, EPOCH, layer, ids, src_t.shape[1], p))
         h = h * keep / (1.0 - p)
     return h
 
 
-CASES = [(relu_in, p) for relu_in in (False, True) for p in (0.0, 0.5)]
+CASES = [(act_in, p) for act_in in (None, "relu", "elu") for p in (0.0, 0.5)]
 
 
 # ----------------------------------------------------------------------------- PREP / PREP_BWD
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
-def test_prep_matches_torch(relu_in, p):
+@pytest.mark.parametrize("act_in,p", CASES)
+def test_prep_matches_torch(act_in, p):
     src, ids, _ = _inputs()
-    (h,) = compute("PREP", 2, [src, ids], None, _args(dropout=p, relu_in=relu_in, project_first=False)).rows
-    _close(h, _prepared(_t(src), ids, 2, p, relu_in))
+    (h,) = compute("PREP", 2, [src, ids], None, _args(dropout=p, act_in=act_in, project_first=False)).rows
+    _close(h, _prepared(_t(src), ids, 2, p, act_in))
     if p > 0:  # the mask keyed by (seed, epoch, layer 2, global ids), not by row position or another layer
         keep = keep_mask(SEED, EPOCH, 2, ids, src.shape[1], p)
-        assert np.array_equal(h != 0, keep & ((src > 0) if relu_in else (src != 0)))
-        (other,) = compute("PREP", 1, [src, ids], None, _args(dropout=p, relu_in=relu_in)).rows
+        assert np.array_equal(h != 0, keep & ((src > 0) if act_in == "relu" else (src != 0)))
+        (other,) = compute("PREP", 1, [src, ids], None, _args(dropout=p, act_in=act_in)).rows
         assert not np.array_equal(other, h)
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
-def test_prep_in_evaluation_has_no_dropout(relu_in, p):
+@pytest.mark.parametrize("act_in,p", CASES)
+def test_prep_in_evaluation_has_no_dropout(act_in, p):
     src, ids, _ = _inputs()
-    (h,) = compute("PREP", 1, [src, ids], None, _args(dropout=p, relu_in=relu_in, training=False)).rows
-    _close(h, _prepared(_t(src), ids, 1, 0.0, relu_in))
+    (h,) = compute("PREP", 1, [src, ids], None, _args(dropout=p, act_in=act_in, training=False)).rows
+    _close(h, _prepared(_t(src), ids, 1, 0.0, act_in))
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
-def test_prep_backward_matches_autograd(relu_in, p):
+@pytest.mark.parametrize("act_in,p", CASES)
+def test_prep_backward_matches_autograd(act_in, p):
     src, ids, _ = _inputs()
     grad_h = np.random.default_rng(1).standard_normal(src.shape).astype(np.float32)
     src_t = _t(src, grad=True)
-    _prepared(src_t, ids, 2, p, relu_in).backward(_t(grad_h))
-    (grad_src,) = compute("PREP_BWD", 2, [grad_h, src, ids], None, _args(dropout=p, relu_in=relu_in)).rows
+    _prepared(src_t, ids, 2, p, act_in).backward(_t(grad_h))
+    (grad_src,) = compute("PREP_BWD", 2, [grad_h, src, ids], None, _args(dropout=p, act_in=act_in)).rows
     _close(grad_src, src_t.grad)
     assert np.any(grad_src != 0)
 
@@ -111,34 +114,34 @@ def test_prep_backward_matches_autograd(relu_in, p):
 # ----------------------------------------------------------------------------- AV and AV_BWD
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
+@pytest.mark.parametrize("act_in,p", CASES)
 @pytest.mark.parametrize("training", [True, False])
-def test_av_project_first_matches_torch(relu_in, p, training):
+def test_av_project_first_matches_torch(act_in, p, training):
     src, ids, w = _inputs(fin=6, fout=4)
-    args = _args(dropout=p, relu_in=relu_in, project_first=True, training=training)
+    args = _args(dropout=p, act_in=act_in, project_first=True, training=training)
     result = compute("AV", 1, [src, ids], w, args)
     assert result.grad_w is None and len(result.rows) == 1
-    _close(result.rows[0], _prepared(_t(src), ids, 1, p, relu_in, training) @ _t(w))
+    _close(result.rows[0], _prepared(_t(src), ids, 1, p, act_in, training) @ _t(w))
 
 
 def test_av_gather_first_is_the_product_only():
     """Gather-first AV multiplies the gathered rows; ReLU and dropout happened in PREP."""
     z, _, w = _inputs(fin=4, fout=6)
-    for args in (_args(project_first=False), _args(project_first=False, relu_in=True, dropout=0.5)):
+    for args in (_args(project_first=False), _args(project_first=False, act_in="relu", dropout=0.5)):
         result = compute("AV", 1, [z], w, args)
         assert result.grad_w is None and len(result.rows) == 1
         _close(result.rows[0], _t(z) @ _t(w))
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
+@pytest.mark.parametrize("act_in,p", CASES)
 @pytest.mark.parametrize("layer", [0, 1])
-def test_av_backward_project_first_matches_autograd(relu_in, p, layer):
+def test_av_backward_project_first_matches_autograd(act_in, p, layer):
     src, ids, w = _inputs(fin=6, fout=4)
     grad_p = np.random.default_rng(2).standard_normal((src.shape[0], w.shape[1])).astype(np.float32)
     src_t, w_t = _t(src, grad=True), _t(w, grad=True)
-    (_prepared(src_t, ids, layer, p, relu_in) @ w_t).backward(_t(grad_p))
+    (_prepared(src_t, ids, layer, p, act_in) @ w_t).backward(_t(grad_p))
 
-    result = compute("AV_BWD", layer, [grad_p, src, ids], w, _args(dropout=p, relu_in=relu_in, project_first=True))
+    result = compute("AV_BWD", layer, [grad_p, src, ids], w, _args(dropout=p, act_in=act_in, project_first=True))
     _close(result.grad_w, w_t.grad)
     if layer == 0:  # no gradient flows into the input features
         assert result.rows == []
@@ -148,9 +151,9 @@ def test_av_backward_project_first_matches_autograd(relu_in, p, layer):
         assert np.any(grad_src != 0)
 
 
-@pytest.mark.parametrize("relu_in,p", CASES)
+@pytest.mark.parametrize("act_in,p", CASES)
 @pytest.mark.parametrize("layer", [0, 1])
-def test_av_backward_gather_first_matches_autograd(relu_in, p, layer):
+def test_av_backward_gather_first_matches_autograd(act_in, p, layer):
     """AV_BWD gives dW and dZ; chained with A_hat^T (GA_BWD) and PREP_BWD it gives d src through
     ReLU and dropout. Layer 0's AV_BWD writes nothing."""
     rng = np.random.default_rng(3)
@@ -158,11 +161,11 @@ def test_av_backward_gather_first_matches_autograd(relu_in, p, layer):
     a_hat = rng.random((7, 7)).astype(np.float32) * (rng.random((7, 7)) < 0.5)
     grad_y = rng.standard_normal((7, w.shape[1])).astype(np.float32)
     src_t, w_t = _t(src, grad=True), _t(w, grad=True)
-    z_t = _t(a_hat) @ _prepared(src_t, ids, layer, p, relu_in)
+    z_t = _t(a_hat) @ _prepared(src_t, ids, layer, p, act_in)
     z_t.retain_grad()
     (z_t @ w_t).backward(_t(grad_y))
 
-    args = _args(dropout=p, relu_in=relu_in, project_first=False)
+    args = _args(dropout=p, act_in=act_in, project_first=False)
     (h,) = compute("PREP", layer, [src, ids], None, args).rows
     z = a_hat @ h
     result = compute("AV_BWD", layer, [z, grad_y], w, args)
@@ -256,7 +259,7 @@ def test_av_loss_fused_matches_autograd(layer):
     loss_t = _torch_loss(logits_t, labels, split, train_count)
     loss_t.backward()
 
-    args = _args(project_first=False, relu_in=layer > 0, dropout=0.5, train_count=train_count)
+    args = _args(project_first=False, act_in="relu" if layer > 0 else None, dropout=0.5, train_count=train_count)
     result = compute("AV_LOSS", layer, [z, labels, split], w, args)
     assert result.meta["loss"] == pytest.approx(loss_t.item(), rel=1e-5)
     _close(result.grad_w, w_t.grad)
@@ -308,7 +311,7 @@ def test_bad_inputs_are_named_value_errors():
 def test_mismatched_backward_shapes_are_value_errors(case):
     src, ids, w = _inputs(n=5, fin=6, fout=4)
     grad_h = np.ones((5, 6), np.float32)
-    relu_drop = _args(relu_in=True, dropout=0.5, project_first=False)
+    relu_drop = _args(act_in="relu", dropout=0.5, project_first=False)
     calls = {
         # Z has 5 columns, W 6 rows: dW comes back [5, 4] instead of an error
         "av_bwd_z_width": lambda: compute("AV_BWD", 1, [src[:, :5], np.ones((5, 4), np.float32)], w, relu_drop),
@@ -380,7 +383,7 @@ def test_plan_projects_first_exactly_when_input_is_wider(shape):
         assert projects_first(layer) is wide
         stages = [s for s in (*plan.train, *plan.evaluate) if s.layer == layer.index]
         assert all(dict(s.args)["project_first"] is wide for s in stages if s.args)
-        assert all(dict(s.args)["relu_in"] is (layer.index > 0) for s in stages if s.args)
+        assert all(dict(s.args)["act_in"] == ("relu" if layer.index > 0 else None) for s in stages if s.args)
         assert all(dict(s.args)["dropout"] == layer.dropout for s in stages if s.args)
         (ga,) = [s for s in plan.train if s.key == ("GA", layer.index)]
         # Gather and the ghost rows run at the narrow width
@@ -461,53 +464,6 @@ def test_evaluation_plan_pins_nothing_and_writes_no_gradients(shape):
 # ----------------------------------------------------------------------------- end to end
 
 
-class Interpreter:
-    """A tiny graph server: dense ``A_hat``, one partition, the plan's stages over intervals."""
-
-    def __init__(self, plan, spec, a_hat, statics, weights, intervals, train_count):
-        self.plan, self.spec, self.a_hat, self.statics = plan, spec, a_hat, statics
-        self.weights, self.intervals, self.train_count = weights, intervals, train_count
-
-    def run(self, training: bool, epoch: int):
-        n = self.a_hat.shape[0]
-        buffers = dict(self.statics)
-        grads: dict[int, np.ndarray] = {}
-        meta: Counter = Counter()
-        for stage in self.plan.train if training else self.plan.evaluate:
-            if stage.kind == GATHER:
-                (src,), (dst,) = stage.reads, stage.writes
-                layer = self.spec.layers[stage.layer]
-                assert buffers[src].shape[1] == min(layer.in_dim, layer.out_dim)  # narrow width
-                out = np.zeros((n, buffers[src].shape[1]), np.float32)
-                for start, stop in self.intervals:
-                    out[start:stop] = self.a_hat[start:stop] @ buffers[src]
-                buffers[dst] = out
-                continue
-            if stage.kind == GATHER_BACKWARD:
-                buffers[stage.writes[0]] = self.a_hat.T @ buffers[stage.reads[0]]
-                continue
-            outs = [np.full((n, self.plan.widths[name]), np.nan, np.float32) for name in stage.writes]
-            args = {**dict(stage.args), "seed": SEED, "epoch": epoch, "training": training,
-                    "train_count": self.train_count}
-            for start, stop in self.intervals:
-                rows = [buffers[name][start:stop] for name in stage.reads]
-                w = self.weights[stage.layer] if stage.weights else None
-                result = compute(stage.task, stage.layer, rows, w, args)
-                assert len(result.rows) == len(stage.writes), (stage, len(result.rows))
-                for out, got in zip(outs, result.rows):
-                    assert got.dtype == np.float32 and got.shape == (stop - start, out.shape[1])
-                    out[start:stop] = got
-                assert (result.grad_w is not None) == (stage.grad and training), stage
-                if result.grad_w is not None:
-                    assert result.grad_w.shape == self.weights[stage.layer].shape
-                    grads[stage.layer] = grads.get(stage.layer, 0) + result.grad_w.astype(np.float64)
-                meta.update(result.meta)
-            for name, out in zip(stage.writes, outs):
-                assert not np.isnan(out).any(), name
-                buffers[name] = out
-        return meta, grads
-
-
 def _tiny_graph(num_features: int, num_classes: int, seed: int = 0):
     """6 vertices, a directed edge set (so A_hat is not symmetric and the backward needs A_hat^T)."""
     adj = gcn_normalize(np.array([0, 1, 2, 3, 4, 0, 5]), np.array([1, 2, 3, 4, 5, 3, 0]), 6, symmetrize=False)
@@ -533,14 +489,14 @@ def test_training_plan_matches_reference_autograd(shape, dropout, intervals):
     adj, a_hat, statics = _tiny_graph(dims[0], dims[-1])
     split = statics["split"]
     train_count = int(((split & TRAIN) != 0).sum())
-    model = ReferenceGCN(spec, SEED)
+    model = ReferenceModel(spec, SEED)
     weights = [w.detach().numpy().copy() for w in model.weights]
-    interp = Interpreter(plan, spec, a_hat, statics, weights, intervals, train_count)
+    interp = Interpreter(gcn, plan, whole_graph(adj), statics, weights, intervals, train_count, SEED)
 
     meta, grads = interp.run(training=True, epoch=EPOCH)
 
     # the oracle: the reference model (sparse A_hat, torch autograd), same order, same masks
-    sparse = SparseAdjacency(adj)
+    sparse = whole_graph(adj)
     features = torch.from_numpy(statics["X"])
     labels_t = torch.from_numpy(statics["labels"])
     masks = {name: torch.from_numpy((split & bit) != 0) for name, bit in (("train", TRAIN), ("val", VAL),
@@ -578,9 +534,9 @@ def test_results_do_not_depend_on_intervals(shape):
     dims, _ = SHAPES[shape]
     spec = make_spec(dims, dropout=0.5)
     plan = build_plan(spec)
-    _, a_hat, statics = _tiny_graph(dims[0], dims[-1], seed=1)
+    adj, _, statics = _tiny_graph(dims[0], dims[-1], seed=1)
     weights = spec.init_weights(SEED)
-    runs = [Interpreter(plan, spec, a_hat, statics, weights, cut, 3).run(True, EPOCH)
+    runs = [Interpreter(gcn, plan, whole_graph(adj), statics, weights, cut, 3, SEED).run(True, EPOCH)
             for cut in ([(0, 6)], [(0, 1), (1, 4), (4, 6)])]
     (meta_a, grads_a), (meta_b, grads_b) = runs
     assert meta_a["loss"] == pytest.approx(meta_b["loss"], rel=1e-6)

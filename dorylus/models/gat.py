@@ -1,0 +1,244 @@
+"""GAT (Velickovic et al., 2018): multi-head graph attention, as stages and numpy vertex functions.
+
+Layer ``l`` with ``K`` heads of width ``F`` on ``H = dropout_l(act(Y_{l-1}))`` (``act`` is ELU;
+``H_0 = dropout_0(X)``)::
+
+    P = H W                                  [n, K, F]   (W: [in, K F])
+    s_dst[v, k] = a_dst[k] · P[v, k],  s_src[u, k] = a_src[k] · P[u, k]
+    e[v, u, k] = LeakyReLU_0.2(s_dst[v, k] + s_src[u, k])      for u in N(v) ∪ {v}
+    alpha[v, :, k] = softmax_u(e[v, :, k]),  then attention dropout (keyed by the edge's ends)
+    Y[v, k] = sum_u alpha[v, u, k] P[u, k]   -> heads concatenated (hidden layers) or averaged (last)
+
+The layer's one weight matrix is ``[W; a_dst; a_src]``, ``float32 [in + 2, K F]``.
+
+Where the work runs. ``P`` and the scores ``E = [s_dst, s_src]`` (``[n, 2K]``) are dense per-vertex
+work: a function (``AV``) computes them. The edge work (scores per edge, the edge softmax, the
+attention-weighted sum, and their backward) runs on the graph server inside Gather: it needs the
+in-edges of each owned vertex, which only the graph server has, and per edge it keeps only ``K``
+scalars, recomputed in the backward pass instead of stored, so its memory is a few ``nnz x K``
+arrays for the duration of one Gather. Shipping edges to functions would move ``nnz`` rows per
+epoch instead of ``n``. Ghost exchange carries the projected rows ``P`` and their scores ``E``
+(the only per-vertex inputs remote edges need); the backward Scatter returns ``dP`` and ``dE`` of
+ghost rows to their owners.
+
+forward                                        backward
+---------------------------------------------  -------------------------------------------------
+AV   f  src, ids -> P_l, E_l                   GA_BWD g  dY_l, P_l, E_l -> dP_l, dE_l
+GA   g  P_l, E_l -> Y_l (edge softmax, sum)    AV_BWD f  dP_l, dE_l, src, ids -> dW_l (with
+(last) LOSS f  Y_l, labels, split -> dY_l                da_dst, da_src), dY_{l-1} (l > 0)
+
+The vertex functions are torch-free numpy (this module ships in the Lambda bundle); the Gather
+functions use torch's kernels and run on graph servers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from dorylus.masks import keep_edge_mask
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, Plan, Result, Stage
+from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
+from dorylus.models.spec import LayerSpec, ModelSpec, glorot
+
+NEGATIVE_SLOPE = 0.2
+
+
+def build_plan(spec: ModelSpec) -> Plan:
+    forward: list[Stage] = []
+    backward: list[Stage] = []
+    widths: dict[str, int] = {}
+    last = len(spec.layers) - 1
+    for layer in spec.layers:
+        l = layer.index
+        src = "X" if l == 0 else f"Y{l - 1}"
+        heads = (("heads", layer.heads),)
+        args = (("dropout", layer.dropout), ("act_in", spec.layers[l - 1].activation if l > 0 else None), *heads)
+        edge_args = (*heads, ("concat", layer.concat), ("attention_dropout", layer.attention_dropout))
+        projected = layer.heads * layer.out_dim
+        widths.update({f"P{l}": projected, f"dP{l}": projected, f"E{l}": 2 * layer.heads,
+                       f"dE{l}": 2 * layer.heads, f"Y{l}": layer.output_width, f"dY{l}": layer.output_width})
+        forward += [Stage(FUNCTION, "AV", l, (src, "ids"), (f"P{l}", f"E{l}"), PIN, args=args),
+                    Stage(GATHER, "GA", l, (f"P{l}", f"E{l}"), (f"Y{l}",), args=edge_args)]
+        if l == last:
+            forward.append(Stage(FUNCTION, "LOSS", l, (f"Y{l}", "labels", "split"), (f"dY{l}",)))
+        backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}", f"P{l}", f"E{l}"), (f"dP{l}", f"dE{l}"),
+                              args=edge_args),
+                        Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", src, "ids"),
+                              () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
+    evaluate = tuple(replace(s, weights=NEWEST if s.weights else None, grad=False,
+                             writes=() if s.task == "LOSS" else s.writes) for s in forward)
+    return Plan(train=tuple(forward + backward), evaluate=evaluate, widths=widths)
+
+
+def weight_shape(layer: LayerSpec) -> tuple[int, int]:
+    """``[W; a_dst; a_src]``: ``[in_dim + 2, heads * out_dim]``."""
+    return (layer.in_dim + 2, layer.heads * layer.out_dim)
+
+
+def init_weight(layer: LayerSpec, rng: np.random.Generator) -> np.ndarray:
+    """Glorot uniform for ``W`` (``[in, K F]``) and for each attention vector (``[K, F]`` as PyG's)."""
+    k, f = layer.heads, layer.out_dim
+    w = glorot(rng, layer.in_dim, k * f)
+    attention = [glorot(rng, k, f).reshape(1, k * f) for _ in range(2)]
+    return np.vstack([w, *attention])
+
+
+def _unpack(w: np.ndarray, heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``W [in, K F]``, ``a_dst [K, F]``, ``a_src [K, F]``."""
+    w = as_float32(w, "w")
+    if w.shape[0] < 3 or w.shape[1] % heads:
+        raise ValueError(f"gat weights must be [in + 2, heads * out] with {heads} heads, got shape {w.shape}")
+    return w[:-2], w[-2].reshape(heads, -1), w[-1].reshape(heads, -1)
+
+
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any]) -> Result:
+    """The tensor work of one stage on one interval (see the module docstring; ``args`` as in
+    :func:`dorylus.models.gcn.compute`, plus ``heads``)."""
+    p, training = float(args.get("dropout", 0.0)), bool(args["training"])
+    key = (int(args["seed"]), int(args["epoch"]), layer)
+    act = args.get("act_in")
+    if task == "AV":
+        src, ids = rows
+        weight, a_dst, a_src = _unpack(w, int(args["heads"]))
+        h = check_shape(prepare(src, ids, key, p, act, training), "src", (None, weight.shape[0]))
+        projected = h @ weight
+        per_head = projected.reshape(h.shape[0], *a_dst.shape)
+        scores = np.concatenate([(per_head * a_dst).sum(-1), (per_head * a_src).sum(-1)], axis=1)
+        return Result([projected, scores.astype(np.float32, copy=False)])
+    if task == "LOSS":
+        return loss_stage(list(rows), args)
+    if task == "AV_BWD":
+        grad_p, grad_e, src, ids = rows
+        weight, a_dst, a_src = _unpack(w, int(args["heads"]))
+        heads, width = a_dst.shape
+        h = check_shape(prepare(src, ids, key, p, act, True), "src", (None, weight.shape[0]))
+        n = h.shape[0]
+        grad_p = check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
+        grad_e = check_shape(grad_e, "dE", (n, 2 * heads))
+        per_head = (h @ weight).reshape(n, heads, width)
+        # s_dst = P·a_dst and s_src = P·a_src feed back into P and into the attention vectors.
+        grad_dst, grad_src = grad_e[:, :heads, None], grad_e[:, heads:, None]
+        grad_per_head = grad_p + grad_dst * a_dst + grad_src * a_src
+        grad_a = [(grad_dst * per_head).sum(0).reshape(1, -1), (grad_src * per_head).sum(0).reshape(1, -1)]
+        grad_projected = grad_per_head.reshape(n, heads * width)
+        grad_w = np.vstack([h.T @ grad_projected, *grad_a]).astype(np.float32, copy=False)
+        out = [prepare_backward(grad_projected @ weight.T, src, ids, key, p, act)] if layer > 0 else []
+        return Result(out, grad_w=grad_w)
+    raise ValueError(f"gat has no task {task!r}")
+
+
+# ----------------------------------------------------------------------------- edge work (graph server)
+
+
+class _Attention:
+    """Scores, edge softmax and attention dropout of one row block's in-edges (torch)."""
+
+    def __init__(self, graph, rows: tuple[int, int] | None, projected: np.ndarray, scores: np.ndarray,
+                 layer: int, args: dict[str, Any]):
+        import torch
+
+        self.torch = torch
+        heads = int(args["heads"])
+        self.heads, self.concat = heads, bool(args["concat"])
+        self.start = 0 if rows is None else rows[0]
+        self.edges = edges = graph.edges(rows)
+        self.num_rows = len(edges.indptr) - 1
+        self.projected = torch.from_numpy(np.ascontiguousarray(projected)).view(projected.shape[0], heads, -1)
+        scores = torch.from_numpy(np.ascontiguousarray(scores))
+        self.dst, self.src = torch.from_numpy(edges.dst), torch.from_numpy(edges.src)
+        # z[e, k] = s_dst[v, k] + s_src[u, k] for edge e = (u -> v)
+        self.z = scores[self.dst + self.start, :heads] + scores[self.src, heads:]
+        e = torch.nn.functional.leaky_relu(self.z, NEGATIVE_SLOPE)
+        index = self.dst[:, None].expand(-1, heads)
+        peak = torch.full((self.num_rows, heads), -torch.inf).scatter_reduce_(0, index, e, "amax")
+        exp = torch.exp(e - peak[self.dst])
+        total = torch.zeros(self.num_rows, heads).index_add_(0, self.dst, exp)
+        self.alpha = exp / total[self.dst]
+        p = float(args.get("attention_dropout", 0.0))
+        self.keep_scale = None
+        if args["training"] and p > 0.0:
+            keep = keep_edge_mask(int(args["seed"]), int(args["epoch"]), layer, edges.dst_ids, edges.src_ids, heads, p)
+            self.keep_scale = torch.from_numpy(keep.astype(np.float32) * np.float32(1.0 / (1.0 - p)))
+        self.weights = self.alpha if self.keep_scale is None else self.alpha * self.keep_scale
+
+    def head_matrix(self, k: int):
+        """``[rows, local rows]`` CSR whose entries are head ``k``'s (dropped-out) attention."""
+        from dorylus.models.graph import csr_tensor
+
+        return csr_tensor(self.edges.indptr, self.edges.src, self.weights[:, k].contiguous().numpy(),
+                          (self.num_rows, self.projected.shape[0]))
+
+
+def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
+           args: dict[str, Any]) -> list[np.ndarray]:
+    """GA: attention-weighted sum of ``P`` over each row's in-edges (see the module docstring)."""
+    attention = _Attention(graph, rows, inputs[0], inputs[1], layer, args)
+    torch = attention.torch
+    out = torch.stack([attention.head_matrix(k) @ attention.projected[:, k].contiguous()
+                       for k in range(attention.heads)], dim=1)
+    out = out.reshape(attention.num_rows, -1) if attention.concat else out.mean(dim=1)
+    return [out.numpy()]
+
+
+def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
+    """GA_BWD: from ``dY`` (owned rows) to ``dP`` and ``dE`` of every local row.
+
+    With ``g[v, k]`` the gradient of head ``k``'s output of ``v``, ``w = alpha * keep / (1 - p)``::
+
+        dP[u, k]     = sum_{e=(u->v)} w[e, k] g[v, k]
+        dw[e, k]     = g[v, k] · P[u, k];   dalpha = dw * keep / (1 - p)
+        de[e, k]     = alpha[e, k] (dalpha[e, k] - sum_{e' into v} alpha[e', k] dalpha[e', k])
+        dz           = de * (1 if z > 0 else 0.2)
+        ds_dst[v, k] = sum_{e into v} dz[e, k];   ds_src[u, k] = sum_{e out of u} dz[e, k]
+    """
+    grad_out, projected, scores = inputs
+    attention = _Attention(graph, None, projected, scores, layer, args)
+    torch, heads = attention.torch, attention.heads
+    n_local, width = attention.projected.shape[0], attention.projected.shape[2]
+    grad_out = torch.from_numpy(np.ascontiguousarray(grad_out))
+    if attention.concat:
+        grad_heads = grad_out.view(-1, heads, width)
+    else:
+        grad_heads = (grad_out / heads)[:, None, :].expand(-1, heads, width)
+    dst, src = attention.dst, attention.src
+    grad_projected = torch.zeros(n_local, heads, width)
+    grad_weights = torch.empty(len(dst), heads)
+    for k in range(heads):  # one head at a time: nnz x F temporaries, not nnz x K x F
+        g_dst = grad_heads[:, k][dst]
+        grad_projected[:, k].index_add_(0, src, attention.weights[:, k, None] * g_dst)
+        grad_weights[:, k] = (g_dst * attention.projected[:, k][src]).sum(dim=1)
+    grad_alpha = grad_weights if attention.keep_scale is None else grad_weights * attention.keep_scale
+    alpha = attention.alpha
+    row_dot = torch.zeros(attention.num_rows, heads).index_add_(0, dst, alpha * grad_alpha)
+    grad_z = alpha * (grad_alpha - row_dot[dst])
+    grad_z = torch.where(attention.z > 0, grad_z, grad_z * NEGATIVE_SLOPE)
+    grad_scores = torch.zeros(n_local, 2 * heads)
+    grad_scores[:, :heads].index_add_(0, dst, grad_z)
+    grad_scores[:, heads:].index_add_(0, src, grad_z)
+    return [grad_projected.reshape(n_local, heads * width).numpy(), grad_scores.numpy()]
+
+
+def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
+    """The torch twin of one layer for the single-process reference, written with autograd's own
+    ops (gather, scatter-add), so that it checks the hand-written backward above."""
+    import torch
+
+    heads, width = layer.heads, layer.out_dim
+    n = h.shape[0]
+    projected = (h @ weight[:-2]).view(n, heads, width)
+    s_dst = (projected * weight[-2].view(heads, width)).sum(-1)
+    s_src = (projected * weight[-1].view(heads, width)).sum(-1)
+    edges = graph.edges()
+    dst, src = torch.from_numpy(edges.dst), torch.from_numpy(edges.src)
+    e = torch.nn.functional.leaky_relu(s_dst[dst] + s_src[src], NEGATIVE_SLOPE)
+    peak = torch.full((n, heads), -torch.inf).scatter_reduce(0, dst[:, None].expand(-1, heads), e.detach(), "amax")
+    exp = torch.exp(e - peak[dst])
+    alpha = exp / torch.zeros(n, heads).index_add(0, dst, exp)[dst]
+    if training and layer.attention_dropout > 0:
+        keep = keep_edge_mask(*key, edges.dst_ids, edges.src_ids, heads, layer.attention_dropout)
+        alpha = alpha * torch.from_numpy(keep) / (1.0 - layer.attention_dropout)
+    out = torch.zeros(n, heads, width).index_add(0, dst, alpha[:, :, None] * projected[src])
+    return out.reshape(n, heads * width) if layer.concat else out.mean(dim=1)

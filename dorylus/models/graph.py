@@ -1,0 +1,138 @@
+"""The graph that a model's GATHER stages run on: in-edges of some destination rows as CSR.
+
+A graph server holds its owned rows' in-edges (columns are its local rows, ``[owned; ghosts]``);
+the reference holds the whole graph. Every row lists its sources with the self loop included
+(the pattern of ``A + I``, :mod:`dorylus.normalize`), so one structure serves every model:
+
+==========  =========================================================================
+kind        entry ``(v, u)``
+==========  =========================================================================
+``gcn``     ``A_hat[v, u] = 1 / sqrt(deg(v) deg(u))`` (degrees with the self loop)
+``mean``    ``1 / indeg(v)`` for ``u != v``, 0 for the self loop (GraphSAGE's mean)
+==========  =========================================================================
+
+Row ``v``'s in-degree is its row length minus the self loop: a graph server owns all in-edges of
+its rows, so means are over the whole graph's neighbourhoods, never a partition's. Uses torch's
+CSR kernels; not part of the Lambda bundle.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KINDS = ("gcn", "mean")
+
+
+def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        # The arrays may be read-only memory maps of the partition store; the matrix is never written.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.sparse_csr_tensor(torch.from_numpy(np.ascontiguousarray(indptr)),
+                                       torch.from_numpy(np.ascontiguousarray(indices)),
+                                       torch.from_numpy(np.ascontiguousarray(values)), size=shape,
+                                       check_invariants=False)
+
+
+@dataclass(frozen=True)
+class Edges:
+    """The in-edges of rows ``[start, stop)``, one entry per edge ``u -> v`` (self loops included).
+
+    Attributes:
+        indptr: ``int64 [rows + 1]``, from 0.
+        dst: ``int64 [nnz]``, the destination's row in the block (``0 .. rows-1``).
+        src: ``int64 [nnz]``, the source's column.
+        dst_ids, src_ids: ``int64 [nnz]`` global vertex ids of both ends (keys of edge dropout).
+    """
+
+    indptr: np.ndarray
+    dst: np.ndarray
+    src: np.ndarray
+    dst_ids: np.ndarray
+    src_ids: np.ndarray
+
+
+class CsrGraph:
+    """In-edges of ``num_rows`` destination rows over ``num_cols`` columns.
+
+    Args:
+        indptr, indices: ``int64 [num_rows + 1]``, ``int64 [nnz]``: CSR of in-edges, self loops included.
+        gcn_weights: ``float32 [nnz]``, the ``A_hat`` entries.
+        num_cols: columns (source rows); ``row_ids``/``col_ids``: their global vertex ids.
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, gcn_weights: np.ndarray, num_cols: int,
+                 row_ids: np.ndarray, col_ids: np.ndarray):
+        self.indptr, self.indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int64)
+        self.num_rows, self.num_cols = len(self.indptr) - 1, int(num_cols)
+        self.row_ids, self.col_ids = np.asarray(row_ids, np.int64), np.asarray(col_ids, np.int64)
+        self._values: dict[str, np.ndarray] = {"gcn": np.asarray(gcn_weights, np.float32)}
+        self._matrices: dict[tuple, torch.Tensor] = {}
+        self._row_of: np.ndarray | None = None
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def row_of(self) -> np.ndarray:
+        """``int64 [nnz]``: the row of each entry."""
+        if self._row_of is None:
+            self._row_of = np.repeat(np.arange(self.num_rows, dtype=np.int64), np.diff(self.indptr))
+        return self._row_of
+
+    def values(self, kind: str) -> np.ndarray:
+        """``float32 [nnz]``: the entries of the aggregation matrix ``kind`` (see the module docstring)."""
+        if kind not in self._values:
+            if kind != "mean":
+                raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
+            self_loop = self.col_ids[self.indices] == self.row_ids[self.row_of()]
+            in_degree = np.diff(self.indptr) - np.bincount(self.row_of()[self_loop], minlength=self.num_rows)
+            inv = np.zeros(self.num_rows, np.float64)
+            np.divide(1.0, in_degree, out=inv, where=in_degree > 0)
+            self._values[kind] = np.where(self_loop, 0.0, inv[self.row_of()]).astype(np.float32)
+        return self._values[kind]
+
+    def matrix(self, kind: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """``[rows, num_cols]`` torch CSR of ``kind`` restricted to rows ``[a, b)`` (all by default)."""
+        a, b = rows if rows is not None else (0, self.num_rows)
+        key = (kind, a, b)
+        if key not in self._matrices:
+            lo, hi = self.indptr[a], self.indptr[b]
+            self._matrices[key] = csr_tensor(self.indptr[a:b + 1] - lo, self.indices[lo:hi],
+                                             self.values(kind)[lo:hi], (b - a, self.num_cols))
+        return self._matrices[key]
+
+    def transpose(self, kind: str) -> torch.Tensor:
+        """``[num_cols, num_rows]`` torch CSR of the transpose of ``kind``."""
+        key = (kind, "T")
+        if key not in self._matrices:
+            coo = torch.sparse_coo_tensor(torch.from_numpy(np.stack([self.indices, self.row_of()])),
+                                          torch.from_numpy(self.values(kind)), (self.num_cols, self.num_rows),
+                                          check_invariants=False)
+            self._matrices[key] = coo.coalesce().to_sparse_csr()
+        return self._matrices[key]
+
+    def aggregate(self, kind: str, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """``M[rows, :] · x`` for ``x`` ``[num_cols, width]``: ``float32 [rows, width]``."""
+        return spmm(self.matrix(kind, rows), x)
+
+    def aggregate_transpose(self, kind: str, grad: np.ndarray) -> np.ndarray:
+        """``M^T · grad`` for ``grad`` ``[num_rows, width]``: ``float32 [num_cols, width]``."""
+        return spmm(self.transpose(kind), grad)
+
+    def edges(self, rows: tuple[int, int] | None = None) -> Edges:
+        a, b = rows if rows is not None else (0, self.num_rows)
+        lo, hi = self.indptr[a], self.indptr[b]
+        src = self.indices[lo:hi]
+        dst = self.row_of()[lo:hi] - a
+        return Edges(indptr=self.indptr[a:b + 1] - lo, dst=dst, src=src, dst_ids=self.row_ids[dst + a],
+                     src_ids=self.col_ids[src])
+
+
+def spmm(matrix: torch.Tensor, dense: np.ndarray) -> np.ndarray:
+    """Sparse (CSR) times dense on the CPU with torch's multi-threaded kernel, ``float32``."""
+    return (matrix @ torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32))).numpy()

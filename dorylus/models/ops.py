@@ -1,0 +1,147 @@
+"""Torch-free numpy pieces that every model's vertex functions share: split codes, the keyed
+input dropout and activation of a layer (forward and backward), and the softmax cross-entropy
+over the global training set. Ships in the Lambda bundle, like the model modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dorylus.masks import keep_mask
+
+# Split codes: one uint8 per row, a bit per split (a row in no split has code 0).
+TRAIN = np.uint8(1)
+VAL = np.uint8(2)
+TEST = np.uint8(4)
+SPLITS = {"train": TRAIN, "val": VAL, "test": TEST}
+
+ACTIVATIONS = (None, "relu", "elu")
+
+
+def encode_split(train_mask: np.ndarray, val_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
+    """``uint8 [N]`` split codes from three ``bool [N]`` masks: ``TRAIN*train | VAL*val | TEST*test``."""
+    return (np.asarray(train_mask, dtype=np.uint8) * TRAIN
+            | np.asarray(val_mask, dtype=np.uint8) * VAL
+            | np.asarray(test_mask, dtype=np.uint8) * TEST).astype(np.uint8)
+
+
+def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, activation: str | None,
+            training: bool) -> np.ndarray:
+    """``H = dropout(act(src))``: a layer's input from the previous layer's pre-activation output
+    (``activation`` None for layer 0's features), inverted dropout keyed by ``key`` = (seed,
+    epoch, layer) and the rows' global ``ids``. ``float32 [rows, width]``."""
+    h = as_float32(src, "src")
+    if np.shape(ids) != (h.shape[0],):
+        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({h.shape[0]},) (one id per row)")
+    if activation == "relu":
+        h = np.maximum(h, np.float32(0.0))
+    elif activation == "elu":
+        h = np.where(h > 0, h, np.expm1(np.minimum(h, np.float32(0.0))))
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
+    if training and p > 0.0:
+        h = np.where(keep_mask(*key, ids, h.shape[1], p), h * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+    return h
+
+
+def prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float,
+                     activation: str | None) -> np.ndarray:
+    """``dL/dsrc = dL/dH * M / (1 - p) * act'(src)`` with the same mask ``M`` as the forward
+    (``relu' = [src > 0]``, ``elu' = 1`` where ``src > 0``, else ``exp(src)``)."""
+    src = as_float32(src, "src")
+    grad = check_shape(grad_h, "grad", src.shape)
+    if np.shape(ids) != (src.shape[0],):
+        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({src.shape[0]},) (one id per row)")
+    if p > 0.0:
+        grad = np.where(keep_mask(*key, ids, grad.shape[1], p), grad * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+    if activation == "relu":
+        grad = np.where(src > 0, grad, np.float32(0.0))
+    elif activation == "elu":
+        grad = np.where(src > 0, grad, grad * np.exp(np.minimum(src, np.float32(0.0))))
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
+    return grad
+
+
+def loss_stage(rows: list[np.ndarray], args: dict[str, Any]):
+    """The ``LOSS`` stage of a model whose last layer ends in logits: ``(Y, labels, split) -> dY``
+    (training) and the loss share and accuracy counts in ``meta``."""
+    from dorylus.models.base import Result
+
+    y, labels, split = rows
+    training = bool(args["training"])
+    loss = softmax_cross_entropy(y, labels, split, int(args["train_count"]), training)
+    return Result([loss.grad] if training else [], meta=loss.meta)
+
+
+class _Loss:
+    def __init__(self, meta: dict[str, Any], grad: np.ndarray | None):
+        self.meta, self.grad = meta, grad
+
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, split: np.ndarray, train_count: int,
+                          training: bool) -> _Loss:
+    """Loss share, accuracy counts and ``dL/dlogits`` of one interval.
+
+    With ``S = softmax(Y)`` row-wise, ``T`` the train rows, ``N = train_count`` (global)::
+
+        loss = -sum_{i in T} log S[i, label_i] / N
+        G    = (S - onehot(label)) / N  on rows in T, 0 elsewhere
+
+    ``meta`` holds ``loss`` and ``correct_train``/``_val``/``_test``: rows of each split whose
+    argmax (first maximum on ties, as torch.argmax) equals the label. Rows outside every split
+    may have any label (e.g. -1).
+    """
+    logits = as_float32(logits, "logits")
+    n, num_classes = logits.shape
+    labels, split = np.asarray(labels), np.asarray(split)
+    if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be integers of shape ({n},), got {labels.dtype} {labels.shape}")
+    if split.shape != (n,) or split.dtype != np.uint8:
+        raise ValueError(f"split must be uint8 of shape ({n},), got {split.dtype} {split.shape}")
+    bad = (split != 0) & ((labels < 0) | (labels >= num_classes))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(f"row {row} is in a split but has label {int(labels[row])}, outside [0, {num_classes})")
+    train_rows = np.flatnonzero(split & TRAIN)
+    if not isinstance(train_count, (int, np.integer)) or train_count < max(len(train_rows), 1):
+        raise ValueError(f"train_count must be an int >= 1 and >= this interval's {len(train_rows)} train rows, "
+                         f"got {train_count!r}")
+    correct_rows = np.argmax(logits, axis=1) == labels
+    meta: dict[str, Any] = {f"correct_{name}": int(np.count_nonzero(correct_rows & ((split & bit) != 0)))
+                            for name, bit in SPLITS.items()}
+    train_logits = logits[train_rows]
+    shifted = train_logits - train_logits.max(axis=1, keepdims=True)  # exp never overflows
+    log_sum = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    meta["loss"] = float(-(shifted - log_sum)[np.arange(len(train_rows)), labels[train_rows]].sum(dtype=np.float64)
+                         / train_count)
+    if not training:
+        return _Loss(meta, None)
+    grad = np.zeros_like(logits)
+    train_grad = np.exp(shifted - log_sum)
+    train_grad[np.arange(len(train_rows)), labels[train_rows]] -= np.float32(1.0)
+    grad[train_rows] = train_grad / np.float32(train_count)
+    return _Loss(meta, grad)
+
+
+def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    x, w = as_float32(x, "rows"), as_float32(w, "w")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"rows have {x.shape[1]} columns but w has {w.shape[0]} rows (shapes {x.shape}, {w.shape})")
+    return x @ w
+
+
+def check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.ndarray:
+    x = as_float32(x, name)
+    if any(want is not None and got != want for got, want in zip(x.shape, shape)):
+        raise ValueError(f"{name} has shape {x.shape}, expected {tuple('any' if d is None else d for d in shape)}")
+    return x
+
+
+def as_float32(x: np.ndarray, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D matrix, got shape {x.shape}")
+    return x.astype(np.float32, copy=False)

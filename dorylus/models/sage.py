@@ -1,0 +1,122 @@
+"""GraphSAGE (Hamilton et al., 2017), mean aggregator with a root weight, as stages and numpy
+vertex functions.
+
+Layer ``l`` computes ``Y_l = H_l W_self + mean_{u in N(v)} (H_l W_neigh)[u]`` on
+``H_l = dropout_l(act(Y_{l-1}))`` (``H_0 = dropout_0(X)``; ``act`` is ReLU; the last layer's
+``Y`` are the logits). The mean is over each vertex's in-neighbours in the whole graph (its row of
+the in-edge CSR without the self loop; a graph server owns all of them); a vertex with none gets
+0, as PyG's ``SAGEConv``. The layer's one weight matrix is ``[W_self; W_neigh]``,
+``float32 [2 in, out]``. Every layer projects before it gathers (``mean(H W_neigh)``), so ghost
+rows and Gather are ``out`` wide; that is the narrow width whenever the input is wider than the
+output, the usual case. Per layer, with ``src`` = ``X`` or ``Y_{l-1}``:
+
+forward                                        backward
+---------------------------------------------  -------------------------------------------------
+AV   f  src, ids -> P_l = H W_neigh,           GA_BWD g  dY_l -> dP_l = M^T dY_l
+            S_l = H W_self                     AV_BWD f  dP_l, dY_l, src, ids -> dW_l,
+GA   g  P_l -> G_l = M P_l (M: mean)                     dY_{l-1} (l > 0)
+SUM  v  G_l, S_l -> Y_l = G_l + S_l
+(last) LOSS f  Y_l, labels, split -> dY_l
+
+(f: function, g: graph server Gather, v: graph server vertex stage.) Dropout masks, recomputation
+and the loss are as in :mod:`dorylus.models.gcn`. Torch-free: this module ships in the Lambda bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, VERTEX, Plan, Result, Stage
+from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
+from dorylus.models.spec import LayerSpec, ModelSpec, glorot
+
+
+def build_plan(spec: ModelSpec) -> Plan:
+    forward: list[Stage] = []
+    backward: list[Stage] = []
+    widths: dict[str, int] = {}
+    last = len(spec.layers) - 1
+    for layer in spec.layers:
+        l = layer.index
+        src = "X" if l == 0 else f"Y{l - 1}"
+        args = (("dropout", layer.dropout), ("act_in", spec.layers[l - 1].activation if l > 0 else None))
+        widths.update({f"{b}{l}": layer.out_dim for b in ("P", "S", "G", "Y", "dY", "dP")})
+        forward += [Stage(FUNCTION, "AV", l, (src, "ids"), (f"P{l}", f"S{l}"), PIN, args=args),
+                    Stage(GATHER, "GA", l, (f"P{l}",), (f"G{l}",)),
+                    Stage(VERTEX, "SUM", l, (f"G{l}", f"S{l}"), (f"Y{l}",))]
+        if l == last:
+            forward.append(Stage(FUNCTION, "LOSS", l, (f"Y{l}", "labels", "split"), (f"dY{l}",)))
+        backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",)),
+                        Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"),
+                              () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
+    evaluate = tuple(replace(s, weights=NEWEST if s.weights else None, grad=False,
+                             writes=() if s.task == "LOSS" else s.writes) for s in forward)
+    return Plan(train=tuple(forward + backward), evaluate=evaluate, widths=widths)
+
+
+def weight_shape(layer: LayerSpec) -> tuple[int, int]:
+    """``[W_self; W_neigh]``: ``[2 in_dim, out_dim]``."""
+    return (2 * layer.in_dim, layer.out_dim)
+
+
+def init_weight(layer: LayerSpec, rng: np.random.Generator) -> np.ndarray:
+    """Each half Glorot uniform, ``W_self`` drawn first."""
+    return np.vstack([glorot(rng, layer.in_dim, layer.out_dim), glorot(rng, layer.in_dim, layer.out_dim)])
+
+
+def _halves(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = as_float32(w, "w")
+    if w.shape[0] % 2:
+        raise ValueError(f"sage weights must be [2 in, out] ([W_self; W_neigh]), got shape {w.shape}")
+    half = w.shape[0] // 2
+    return w[:half], w[half:]
+
+
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any]) -> Result:
+    """The tensor work of one stage on one interval (see the module docstring; ``args`` as in
+    :func:`dorylus.models.gcn.compute`)."""
+    p, training = float(args.get("dropout", 0.0)), bool(args["training"])
+    key = (int(args["seed"]), int(args["epoch"]), layer)
+    act = args.get("act_in")
+    if task == "AV":
+        src, ids = rows
+        w_self, w_neigh = _halves(w)
+        h = check_shape(prepare(src, ids, key, p, act, training), "src", (None, w_self.shape[0]))
+        return Result([h @ w_neigh, h @ w_self])
+    if task == "SUM":
+        gathered, own = rows
+        return Result([as_float32(gathered, "G") + check_shape(own, "S", np.shape(gathered))])
+    if task == "LOSS":
+        return loss_stage(list(rows), args)
+    if task == "AV_BWD":
+        grad_p, grad_y, src, ids = rows
+        w_self, w_neigh = _halves(w)
+        h = check_shape(prepare(src, ids, key, p, act, True), "src", (None, w_self.shape[0]))
+        grad_p = check_shape(grad_p, "dP", (h.shape[0], w_self.shape[1]))
+        grad_y = check_shape(grad_y, "dY", (h.shape[0], w_self.shape[1]))
+        grad_w = np.vstack([h.T @ grad_y, h.T @ grad_p])
+        out = [prepare_backward(grad_y @ w_self.T + grad_p @ w_neigh.T, src, ids, key, p, act)] if layer > 0 else []
+        return Result(out, grad_w=grad_w)
+    raise ValueError(f"sage has no task {task!r}")
+
+
+def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
+           args: dict[str, Any]) -> list[np.ndarray]:
+    """GA: ``M[rows, :] · P`` with ``M`` the in-neighbour mean."""
+    return [graph.aggregate("mean", inputs[0], rows)]
+
+
+def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
+    """GA_BWD: ``M^T · dY`` over the local rows."""
+    return [graph.aggregate_transpose("mean", inputs[0])]
+
+
+def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
+    """The torch twin of one layer for the single-process reference (autograd does the backward)."""
+    from dorylus.models.reference import aggregate
+
+    half = weight.shape[0] // 2
+    return h @ weight[:half] + aggregate(graph, h @ weight[half:], "mean")
