@@ -4,7 +4,8 @@ The default suite runs one representative case per (dataset, parts) pair; ``-m s
 full matrix of modes x backends x parts x interval counts. Cora's layers (1433 -> 16 -> 7) both
 project before they gather; the cases with other shapes cover a hidden layer that gathers first
 (3 layers: 16 -> 16), a first layer that gathers first (synthetic-small, 128 -> 256) and a fused
-last layer (hidden 4 -> 7 classes: AV_LOSS).
+last layer (hidden 4 -> 7 classes: AV_LOSS). GAT (8 heads, attention dropout: edge masks keyed
+by global ids) and GraphSAGE run the same matrix as GCN's default shape.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
-from dorylus.models import gcn
+from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
@@ -45,7 +46,7 @@ def _reference(tmp_path_factory, dataset, shape):
 def _calls_per_interval(dataset, shape) -> int:
     """Function calls per interval and epoch: a training pass and an evaluation pass."""
     spec = ModelSpec.from_config(TrainConfig(**shape), dataset.num_features, dataset.num_classes)
-    plan = gcn.build_plan(spec)
+    plan = get_model(spec.arch).build_plan(spec)
     return plan.function_calls_per_interval(True) + plan.function_calls_per_interval(False)
 
 
@@ -60,7 +61,10 @@ def assert_matches_reference(reference, distributed, dataset):
             assert abs(got[f"{split}_acc"] - ref[f"{split}_acc"]) * count <= 1 + 1e-9, (split, ref["epoch"])
 
 
-SHAPES = {"default": {}, "gather-hidden": {"layers": 3}, "gather-first": {"hidden": 256}, "fused-last": {"hidden": 4}}
+SHAPES = {"default": {}, "gather-hidden": {"layers": 3}, "gather-first": {"hidden": 256}, "fused-last": {"hidden": 4},
+          "gat": {"model": "gat", "hidden": 8, "heads": 8, "dropout": 0.6, "input_dropout": 0.6,
+                  "attention_dropout": 0.6, "lr": 0.005},
+          "sage": {"model": "sage"}}
 CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite cases first
     ("cora", "default", "sync", "cpu", 1, 3),
     ("cora", "default", "pipe", "lambda", 2, 2),
@@ -69,10 +73,12 @@ CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite ca
     ("synthetic-small", "default", "sync", "lambda", 1, 2),
     ("synthetic-small", "gather-first", "pipe", "cpu", 2, 3),
     ("synthetic-small", "default", "pipe", "lambda", 4, 1),
+    ("cora", "gat", "pipe", "lambda", 2, 2),
+    ("cora", "sage", "sync", "cpu", 2, 2),
 ]
-SLOW_CASES = [(d, "default", m, b, p, i) for d in ("cora", "synthetic-small") for m in ("sync", "pipe")
-              for b in ("cpu", "lambda") for p in (1, 2, 4) for i in (1, 4)
-              if (d, "default", m, b, p, i) not in CASES]
+SLOW_CASES = [(d, s, m, b, p, i) for s in ("default", "gat", "sage") for d in ("cora", "synthetic-small")
+              for m in ("sync", "pipe") for b in ("cpu", "lambda") for p in (1, 2, 4) for i in (1, 4)
+              if (d, s, m, b, p, i) not in CASES]
 
 
 def _params(cases, marks=()):
