@@ -91,6 +91,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_package_lambda(args: argparse.Namespace) -> int:
+    from dorylus.packaging import package_lambda
+
+    bundle = package_lambda(args.out, python=args.python, arch=args.arch, wheels_dir=args.wheels,
+                            cache_dir=args.cache_dir)
+    if bundle.left_out:
+        _stderr_progress(f"left out (imported only inside functions, and they need torch): {', '.join(bundle.left_out)}")
+    print(f"{bundle.path}: {bundle.zipped_bytes:,} bytes ({bundle.unzipped_bytes:,} unzipped, {bundle.entries} files), "
+          f"sha256 {bundle.sha256}")
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from dorylus.partition.s3 import upload_store
+
+    uploaded = upload_store(args.store, args.url, endpoint_url=args.s3_endpoint_url, progress=_stderr_progress)
+    print(f"uploaded {uploaded.files} files ({uploaded.bytes:,} bytes) to {uploaded.url}; every object's "
+          f"checksum matches meta.json")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dorylus.config import add_config_arguments
 
@@ -122,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="verify a partition store and print its statistics",
                              description="Load a partition store, verify format version and checksums, and print "
                                          "per-partition statistics (owned vertices, edges, ghosts, send volume).")
-    inspect.add_argument("store", type=Path, help="partition store directory")
+    inspect.add_argument("store", help="partition store directory, or s3://BUCKET/PREFIX (downloaded into the "
+                                       "local cache first; AWS_ENDPOINT_URL_S3 picks another S3 endpoint)")
     inspect.set_defaults(func=cmd_inspect)
 
     gen = sub.add_parser("generate", help="generate a synthetic dataset preset into an .npz file",
@@ -131,6 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", required=True, type=Path, help="output .npz path")
     gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     gen.set_defaults(func=cmd_generate)
+
+    pack = sub.add_parser("package-lambda", help="build the AWS Lambda function zip (numpy + pyzmq + lambdas/)",
+                          description="Build the function's deployment zip: manylinux wheels of numpy and pyzmq for "
+                                      "the Lambda runtime's Python and architecture, plus lambdas/ and the torch-free "
+                                      "dorylus modules the handler imports. Reproducible (same bytes when built "
+                                      "again); refused if it would contain torch or exceed Lambda's limits (50 MB "
+                                      "zipped, 250 MB unzipped). Prints the zip's path, size and sha256.")
+    pack.add_argument("--out", required=True, type=Path, help="the zip file to write (replaced atomically)")
+    pack.add_argument("--python", default="3.12", help="the Lambda runtime's Python version, e.g. 3.11 or 3.12 "
+                                                        "(default 3.12; must match terraform's function_python)")
+    pack.add_argument("--arch", default="x86_64", choices=("x86_64", "arm64"),
+                      help="the function's architecture (default x86_64; must match terraform's function_architecture)")
+    source = pack.add_mutually_exclusive_group()
+    source.add_argument("--wheels", type=Path, metavar="DIR",
+                        help="use the numpy and pyzmq wheels already in DIR (no download)")
+    source.add_argument("--cache-dir", type=Path, metavar="DIR",
+                        help="where pip-downloaded wheels are kept and reused (default: $DORYLUS_CACHE_DIR/wheels "
+                             "or ~/.cache/dorylus/wheels)")
+    pack.set_defaults(func=cmd_package_lambda)
+
+    upload = sub.add_parser("upload", help="upload a partition store to S3, verifying every object's checksum",
+                            description="Upload a partition store directory to s3://BUCKET/PREFIX (multipart for "
+                                        "large files, SHA-256 checksums checked by S3 on every part and compared "
+                                        "afterwards with meta.json's). meta.json goes last, so a reader never sees "
+                                        "a store whose files are not all there. Graph servers and `dorylus "
+                                        "inspect` then take the s3:// URL as a store path.")
+    upload.add_argument("store", type=Path, help="partition store directory (verified before uploading)")
+    upload.add_argument("url", help="destination, s3://BUCKET/PREFIX")
+    upload.add_argument("--s3-endpoint-url", metavar="URL",
+                        help="another S3 endpoint (default: AWS, or $AWS_ENDPOINT_URL_S3)")
+    upload.set_defaults(func=cmd_upload)
     from dorylus import emulator, paramserver
     from graphserver import server as graphserver
 

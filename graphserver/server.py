@@ -82,7 +82,7 @@ class AsyncPeer:
 class GraphServer:
     def __init__(self, store_path: str, part_id: int, config: TrainConfig, *, param_server: str,
                  lambda_endpoint: str | None = None, function_name: str = "dorylus-gcn"):
-        store = open_store(store_path, verify=False)
+        store = open_store(store_path, verify=False, parts=[part_id])
         store.verify([part_id])
         self.meta = store.meta
         self.part_id = part_id

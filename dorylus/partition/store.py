@@ -294,10 +294,17 @@ class PartitionStore:
         )
 
 
-def open_store(path: str | os.PathLike, verify: bool = True) -> PartitionStore:
+def open_store(path: str | os.PathLike, verify: bool = True, *, parts: Iterable[int] | None = None) -> PartitionStore:
     """Open a partition store directory: parse and check ``meta.json`` (format version, keys,
-    file list) and, with ``verify=True``, the sha256 of every file (a few seconds per GB).
-    With ``verify=False`` call :meth:`PartitionStore.verify` for the parts you load."""
+    file list) and, with ``verify=True``, the sha256 of every file (a few seconds per GB), or
+    of ``parts`` only. With ``verify=False`` call :meth:`PartitionStore.verify` for the parts
+    you load. ``path`` may be ``s3://BUCKET/PREFIX``: the store (``parts`` only, default all)
+    is then fetched into the local cache first (:mod:`dorylus.partition.s3`)."""
+    parts = None if parts is None else list(parts)
+    if isinstance(path, str) and path.startswith("s3://"):
+        from dorylus.partition.s3 import fetch_store
+
+        path = fetch_store(path, parts=parts)
     root = Path(path)
     meta_path = root / META_FILE
     if not meta_path.is_file():
@@ -309,7 +316,7 @@ def open_store(path: str | os.PathLike, verify: bool = True) -> PartitionStore:
         raise StoreError(f"{meta_path}: cannot read ({exc})") from None
     store = PartitionStore(root, StoreMeta.from_json(text, str(meta_path)))
     if verify:
-        store.verify()
+        store.verify(parts)
     return store
 
 

@@ -1,0 +1,355 @@
+"""The Terraform module's security properties, read from the HCL itself (python-hcl2).
+
+`terraform validate` needs the AWS provider, which cannot be downloaded here, so these tests
+parse terraform/*.tf and check what matters: nothing admits the internet, SSH is closed unless
+asked for, the ZeroMQ ports open only to the function and the servers, the bucket is private,
+encrypted, versioned and TLS-only, the function runs in the VPC, IAM grants no wildcard action
+and no "*" resource except where AWS offers nothing narrower. The servers' user data is
+rendered and its launcher run against stubs, so that it keeps matching the `dorylus` CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+hcl2 = pytest.importorskip("hcl2")
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "terraform"
+EXAMPLE = MODULE / "examples"
+
+
+def _unquote(value):
+    """python-hcl2 keeps string literals' quotes ('"tcp"') and marks blocks; drop both."""
+    if isinstance(value, str):
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            return value[1:-1].replace('\\"', '"')
+        return value
+    if isinstance(value, list):
+        return [_unquote(v) for v in value]
+    if isinstance(value, dict):
+        return {_unquote(k): _unquote(v) for k, v in value.items() if k not in ("__is_block__", "__comments__")}
+    return value
+
+
+def load(directory: Path) -> dict:
+    """Blocks of every .tf file in ``directory``: {"resource": {(type, name): body}, "data": ...,
+    "variable": {name: body}, "output": {name: body}, "locals": {name: value}}."""
+    merged: dict = {"resource": {}, "data": {}, "variable": {}, "output": {}, "locals": {}, "module": {}}
+    for path in sorted(directory.glob("*.tf")):
+        with open(path) as f:
+            parsed = _unquote(hcl2.load(f))
+        for kind in ("resource", "data"):
+            for block in parsed.get(kind, []):
+                for rtype, named in block.items():
+                    for name, body in named.items():
+                        merged[kind][(rtype, name)] = body
+        for kind in ("variable", "output", "module"):
+            for block in parsed.get(kind, []):
+                merged[kind].update(block)
+        for block in parsed.get("locals", []):
+            merged["locals"].update(block)
+    return merged
+
+
+@pytest.fixture(scope="module")
+def tf() -> dict:
+    return load(MODULE)
+
+
+def of_type(tf: dict, rtype: str, kind: str = "resource") -> dict:
+    return {name: body for (t, name), body in tf[kind].items() if t == rtype}
+
+
+def statements(document: dict) -> list[dict]:
+    """A policy document's statements, including those of ``dynamic "statement"`` blocks."""
+    found = list(document.get("statement", []))
+    for dynamic in document.get("dynamic", []):
+        if "statement" in dynamic:
+            found += dynamic["statement"]["content"]
+    return found
+
+
+def test_nothing_admits_the_internet(tf):
+    """0.0.0.0/0 (or ::/0) appears only as an egress destination and a default route."""
+    allowed = {"aws_vpc_security_group_egress_rule", "aws_route"}
+    for (rtype, name), body in tf["resource"].items():
+        text = json.dumps(body)
+        if "0.0.0.0/0" in text or "::/0" in text:
+            assert rtype in allowed, f"{rtype}.{name} mentions the whole internet"
+    for name, body in of_type(tf, "aws_security_group").items():
+        assert "ingress" not in body and "egress" not in body, f"{name}: rules belong in separate resources"
+    assert not of_type(tf, "aws_security_group_rule")
+    for name, body in of_type(tf, "aws_vpc_security_group_ingress_rule").items():
+        assert "cidr_ipv6" not in body and "prefix_list_id" not in body, name
+    assert of_type(tf, "aws_default_security_group")["this"].keys() <= {"vpc_id", "tags"}  # no rules at all
+
+
+def test_ssh_is_closed_by_default(tf):
+    variable = tf["variable"]["ssh_cidr_blocks"]
+    assert variable["default"] == []
+    assert "0.0.0.0/0" in variable["validation"][0]["condition"]  # the whole internet is refused outright
+    port_22 = {name: body for name, body in of_type(tf, "aws_vpc_security_group_ingress_rule").items()
+               if body.get("from_port") == 22 or body.get("to_port") == 22}
+    assert list(port_22) == ["ssh"]
+    assert port_22["ssh"]["for_each"] == "${toset(var.ssh_cidr_blocks)}"  # zero rules for an empty list
+    assert port_22["ssh"]["cidr_ipv4"] == "${each.value}"
+    for body in of_type(tf, "aws_vpc_security_group_ingress_rule").values():
+        assert (body.get("from_port"), body.get("to_port")) != (0, 65535) and body["ip_protocol"] == "tcp"
+
+
+def test_zeromq_ports_open_only_to_the_function_and_the_servers(tf):
+    function_sg, servers_sg = "${aws_security_group.function.id}", "${aws_security_group.servers.id}"
+    zmq = tf["locals"]["zmq_ports"]
+    assert {v["port"] for v in zmq.values()} == {"${var.graph_server_port}", "${var.param_server_port}"}
+    rules = of_type(tf, "aws_vpc_security_group_ingress_rule")
+    sources = set()
+    for name, body in rules.items():
+        if name == "ssh":
+            continue
+        assert body["for_each"] == "${local.zmq_ports}" and body["from_port"] == body["to_port"] == "${each.value.port}"
+        assert "cidr_ipv4" not in body, f"{name}: a ZeroMQ port must not be opened to addresses"
+        assert body["security_group_id"] == servers_sg
+        sources.add(body["referenced_security_group_id"])
+    assert sources == {function_sg, servers_sg}
+    # The function listens on nothing.
+    assert all(body["security_group_id"] != function_sg for body in rules.values())
+
+
+def test_bucket_is_private_encrypted_versioned_and_tls_only(tf):
+    bucket = "${aws_s3_bucket.this.id}"
+    block = of_type(tf, "aws_s3_bucket_public_access_block")["this"]
+    assert block["bucket"] == bucket
+    assert all(block[k] is True for k in ("block_public_acls", "block_public_policy", "ignore_public_acls",
+                                           "restrict_public_buckets"))
+    sse = of_type(tf, "aws_s3_bucket_server_side_encryption_configuration")["this"]["rule"][0]
+    default = sse["apply_server_side_encryption_by_default"][0]
+    assert default == {"sse_algorithm": "aws:kms", "kms_master_key_id": "${aws_kms_key.this.arn}"}
+    assert of_type(tf, "aws_kms_key")["this"]["enable_key_rotation"] is True
+    versioning = of_type(tf, "aws_s3_bucket_versioning")["this"]
+    assert versioning["versioning_configuration"][0]["status"] == "Enabled"
+    assert of_type(tf, "aws_s3_bucket_ownership_controls")["this"]["rule"][0]["object_ownership"] == "BucketOwnerEnforced"
+    assert not of_type(tf, "aws_s3_bucket_acl")
+    assert of_type(tf, "aws_s3_bucket_policy")["this"]["policy"] == "${data.aws_iam_policy_document.bucket.json}"
+    (deny,) = statements(of_type(tf, "aws_iam_policy_document", "data")["bucket"])
+    assert deny["effect"] == "Deny" and deny["actions"] == ["s3:*"]
+    assert deny["resources"] == ["${aws_s3_bucket.this.arn}", "${aws_s3_bucket.this.arn}/*"]
+    assert deny["condition"][0] == {"test": "Bool", "variable": "aws:SecureTransport", "values": ["false"]}
+    assert tf["variable"]["force_destroy_bucket"]["default"] is False
+
+
+def test_function_runs_the_bundle_in_the_vpc(tf):
+    function = of_type(tf, "aws_lambda_function")["tensor"]
+    vpc = function["vpc_config"][0]
+    assert vpc["subnet_ids"] == ["${aws_subnet.private.id}"]
+    assert vpc["security_group_ids"] == ["${aws_security_group.function.id}"]
+    assert function["filename"] == "${var.function_zip}"
+    assert function["source_code_hash"] == "${filebase64sha256(var.function_zip)}"
+    module, _, attr = function["handler"].rpartition(".")
+    assert module == "lambdas.handler" and re.search(rf"^def {attr}\(", (REPO / "lambdas/handler.py").read_text(), re.M)
+    assert function["runtime"] == "python${var.function_python}"
+    assert function["architectures"] == ["${var.function_architecture}"]
+    assert of_type(tf, "aws_subnet")["private"]["map_public_ip_on_launch"] is False
+    # The private subnet's default route goes to the NAT gateway, never straight to the internet.
+    routes = of_type(tf, "aws_route")
+    assert routes["private_nat"]["route_table_id"] == "${aws_route_table.private.id}" and "gateway_id" not in routes["private_nat"]
+    assert of_type(tf, "aws_vpc_endpoint")["s3"]["vpc_endpoint_type"] == "Gateway"
+    # The servers' fixed addresses are reserved before the function's interfaces can take one.
+    reservations = of_type(tf, "aws_ec2_subnet_cidr_reservation")
+    assert {r["cidr_block"] for r in reservations.values()} == {"${local.param_server_block}", "${local.graph_server_block}"}
+    assert all(r["reservation_type"] == "explicit" for r in reservations.values())
+    for name in reservations:
+        assert f"${{aws_ec2_subnet_cidr_reservation.{name}}}" in function["depends_on"]
+    assert "local.param_server_block" in tf["locals"]["param_server_ips"]
+    assert "local.graph_server_block" in tf["locals"]["graph_server_ips"]
+
+
+KEY_POLICY = "kms"
+# Actions AWS cannot scope to a resource: the only ones that may have "*" as their resource.
+UNSCOPABLE = {"ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets", "ssmmessages:CreateControlChannel",
+              "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"}
+
+
+def test_iam_has_no_wildcard_actions_and_scoped_resources(tf):
+    documents = of_type(tf, "aws_iam_policy_document", "data")
+    assert {"function", "server", "flow", "bucket", KEY_POLICY} <= set(documents)
+    for name, document in documents.items():
+        for statement in statements(document):
+            actions, resources = statement.get("actions", []), statement.get("resources", [])
+            if name == KEY_POLICY:
+                # In a key policy "*" is this key; the admin statement is the account root, never anyone.
+                for principal in statement["principals"]:
+                    assert "*" not in principal["identifiers"], principal
+                continue
+            if name == "bucket":
+                assert statement["effect"] == "Deny"
+                continue
+            assert actions and not any("*" in a for a in actions), (name, actions)
+            if "*" in resources:
+                assert set(actions) <= UNSCOPABLE, (name, actions)
+    # No managed policies (AWS's are broader than these) and no IAM users or keys.
+    assert not of_type(tf, "aws_iam_role_policy_attachment") and not of_type(tf, "aws_iam_user")
+    assert not of_type(tf, "aws_iam_access_key")
+
+
+def test_servers_read_only_the_store_prefix_and_the_wheel(tf):
+    server = {s["sid"]: s for s in statements(of_type(tf, "aws_iam_policy_document", "data")["server"])}
+    s3_statements = [s for s in server.values() if any(a.startswith("s3:") for a in s["actions"])]
+    assert {a for s in s3_statements for a in s["actions"]} == {"s3:GetObject", "s3:ListBucket"}
+    assert server["ReadThePartitionsAndTheWheel"]["resources"] == [
+        "${aws_s3_bucket.this.arn}/${var.store_prefix}/*", "${aws_s3_bucket.this.arn}/${local.wheel_key}"]
+    listing = server["ListThePartitionPrefix"]
+    assert listing["condition"][0]["variable"] == "s3:prefix"
+    assert listing["condition"][0]["values"] == ["${var.store_prefix}", "${var.store_prefix}/*"]
+    assert server["ThisClustersParameters"]["resources"][1].endswith(":parameter${local.ssm_prefix}/*")
+    assert server["InvokeTheFunction"]["resources"][0] == "${aws_lambda_function.tensor.arn}"
+    function = {s["sid"]: s for s in statements(of_type(tf, "aws_iam_policy_document", "data")["function"])}
+    assert function["OwnLogGroup"]["resources"] == ["${aws_cloudwatch_log_group.function.arn}:*"]
+    assert not any(a.startswith(("s3:", "lambda:")) for s in function.values() for a in s["actions"])
+
+
+def test_secrets_and_instances_are_locked_down(tf):
+    for name, parameter in of_type(tf, "aws_ssm_parameter").items():
+        assert parameter["type"] == "SecureString" and parameter["key_id"] == "${aws_kms_key.this.arn}", name
+    assert tf["variable"]["curve_secret_keys"]["sensitive"] is True
+    for name, instance in of_type(tf, "aws_instance").items():
+        assert instance["metadata_options"][0]["http_tokens"] == "required", name
+        assert instance["associate_public_ip_address"] is False
+        assert instance["root_block_device"][0]["encrypted"] is True
+        assert instance["subnet_id"] == "${aws_subnet.private.id}"
+        assert instance["vpc_security_group_ids"] == ["${aws_security_group.servers.id}"]
+
+
+def test_the_example_sets_only_what_the_module_takes():
+    module_vars = load(MODULE)["variable"]
+    example = load(EXAMPLE)
+    with open(EXAMPLE / "example.tfvars") as f:
+        tfvars = _unquote(hcl2.load(f))
+    assert set(tfvars) <= set(example["variable"]), set(tfvars) - set(example["variable"])
+    call = example["module"]["dorylus"]
+    assert call["source"] == "../"
+    passed = {k for k in call if k != "source"}
+    assert passed <= set(module_vars) and passed == set(example["variable"]) - {"region"}
+    assert all(call[k] == f"${{var.{k}}}" for k in passed)
+    required = {name for name, body in module_vars.items() if "default" not in body}
+    assert required <= passed and required <= set(tfvars)
+    assert re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", tfvars["bucket_name"])
+    assert tfvars["ssh_cidr_blocks"] == []
+    for name, body in module_vars.items():
+        assert body.get("description"), f"variable {name} has no description"
+
+
+# ----------------------------------------------------------------------------- user data
+
+
+def render_user_data(tf: dict, role: str, tmp_path: Path, cluster: dict) -> str:
+    """templatefile() for the servers' user data: every ${name} must be a variable it is given."""
+    template = (MODULE / "user_data.sh.tftpl").read_text()
+    given = set(tf["locals"]["user_data_common"]) | {"role", "index"}
+    used = set(re.findall(r"(?<!\$)\$\{(\w+)\}", template))
+    assert used == given, (used ^ given)
+    assert "%{" not in template and not re.search(r"(?<!\$)\$\{(?!\w+\})", template)
+    values = {"cluster_json": json.dumps(cluster), "train_json": json.dumps({"model": "gcn"}), "region": "us-east-1",
+              "wheel_uri": "s3://b/deploy/dorylus-0.1.0-py3-none-any.whl",
+              "wheel_name": "dorylus-0.1.0-py3-none-any.whl", "torch_pip_spec": "torch==2.13.0",
+              "torch_index_url": "https://download.pytorch.org/whl/cpu", "role": role, "index": "1"}
+    rendered = re.sub(r"(?<!\$)\$\{(\w+)\}", lambda m: values[m[1]], template).replace("$${", "${")
+    script = tmp_path / f"{role}.sh"
+    script.write_text(rendered)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    return rendered
+
+
+def heredoc(text: str, marker: str, after: str) -> str:
+    start = text.index(f"{after} <<'{marker}'\n") + len(f"{after} <<'{marker}'\n")
+    return text[start:text.index(f"\n{marker}\n", start)]
+
+
+STUBS = {
+    "boto3.py": '''
+import json, os
+class _Pages:
+    def paginate(self, **kw):
+        assert kw == {"Path": "/demo/curve/", "Recursive": True, "WithDecryption": True}, kw
+        return [{"Parameters": [{"Name": "/demo/curve/server/secret", "Value": "S" * 40},
+                                {"Name": "/demo/curve/server/public", "Value": "P" * 40}]}]
+class _Client:
+    def get_paginator(self, name):
+        assert name == "get_parameters_by_path"
+        return _Pages()
+def client(name):
+    assert name == "ssm"
+    return _Client()
+''',
+    "dorylus/__init__.py": "",
+    "dorylus/cli.py": "import json\ndef main(argv):\n    print(json.dumps(argv))\n    return 0\n",
+    "dorylus/partition/__init__.py": "",
+    "dorylus/partition/s3.py": '''
+from types import SimpleNamespace
+def read_store_meta(url):
+    assert url == "s3://b/stores/x", url
+    return SimpleNamespace(num_features=1433, num_classes=7)
+''',
+}
+
+
+@pytest.mark.parametrize("role", ["graphserver", "paramserver"])
+def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role):
+    cluster = {"format": "dorylus-cluster/1", "store": "s3://b/stores/x", "ssm_prefix": "/demo",
+               "function": {"name": "demo-tensor"},
+               "param_servers": [{"index": 0, "host": "10.42.1.8", "port": 5600},
+                                 {"index": 1, "host": "10.42.1.9", "port": 5600}],
+               "graph_servers": [{"part": 0, "host": "10.42.1.64", "port": 5500},
+                                 {"part": 1, "host": "10.42.1.65", "port": 5500}]}
+    rendered = render_user_data(tf, role, tmp_path, cluster)
+    assert json.loads(heredoc(rendered, "DORYLUS_JSON", "cat >/etc/dorylus/cluster.json")) == cluster
+    assert f"systemctl enable --now dorylus-{role}.service" in rendered
+    unit = heredoc(rendered, "DORYLUS_UNIT", f"cat >/etc/systemd/system/dorylus-{role}.service")
+    assert "User=dorylus" in unit and "NoNewPrivileges=true" in unit and "ProtectSystem=strict" in unit
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "cluster.json").write_text(json.dumps(cluster))
+    launcher = heredoc(rendered, "DORYLUS_PY", "cat >/usr/local/bin/dorylus-role").replace("/etc/dorylus", str(etc))
+    stubs = tmp_path / "stubs"
+    for rel, text in STUBS.items():
+        (stubs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stubs / rel).write_text(text)
+    runtime = tmp_path / "run"
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(stubs), "DORYLUS_ROLE": role, "DORYLUS_INDEX": "1",
+           "RUNTIME_DIRECTORY": str(runtime)}
+    result = subprocess.run([sys.executable, "-S", "-c", launcher], env=env, capture_output=True, text=True, timeout=30,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)
+
+    secret = runtime / "curve" / "server.secret"
+    assert secret.read_text() == "S" * 40 and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((runtime / "curve").stat().st_mode) == 0o700
+
+    from dorylus.cli import build_parser
+
+    args = build_parser().parse_args(argv)  # today's flags of `dorylus graphserver` / `paramserver`
+    assert args.command == role
+    if role == "graphserver":
+        assert (args.store, args.part, args.param_server, args.bind, args.function_name) == (
+            "s3://b/stores/x", 1, "tcp://10.42.1.8:5600", "tcp://10.42.1.65:5500", "demo-tensor")
+    else:
+        assert (args.num_features, args.num_classes, args.bind) == (1433, 7, "tcp://10.42.1.9:5600")
+    assert args.config == str(etc / "train.json")
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
+def test_terraform_fmt():
+    result = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(MODULE)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
