@@ -181,7 +181,7 @@ def time_epochs(dataset: GraphDataset, config: TrainConfig, warmup: int, epochs:
     parity = None
     if GCNConv is not None:
         systems["pyg"] = PygTrainer(no_eval, graph)
-        ours = systems["reference"].model(systems["reference"].adj, systems["reference"].features, 0, training=False)
+        ours = systems["reference"].model(systems["reference"].graph, systems["reference"].features, 0, training=False)
         parity = float((ours.detach() - systems["pyg"].logits()).abs().max())
         if parity > PARITY_TOLERANCE:
             print(f"WARNING: PyG and reference logits differ by {parity:.2e} at init: not the same model")
