@@ -33,6 +33,7 @@ functions use torch's kernels and run on graph servers only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -136,27 +137,25 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
 class _Attention:
     """Scores, edge softmax and attention dropout of one row block's in-edges (torch)."""
 
-    def __init__(self, graph, rows: tuple[int, int] | None, projected: np.ndarray, scores: np.ndarray,
-                 layer: int, args: dict[str, Any]):
+    def __init__(self, graph, rows: tuple[int, int] | None, projected, scores, layer: int, args: dict[str, Any]):
         import torch
 
-        self.torch = torch
         heads = int(args["heads"])
-        self.heads, self.concat = heads, bool(args["concat"])
-        self.start = 0 if rows is None else rows[0]
+        self.graph, self.heads, self.concat = graph, heads, bool(args["concat"])
+        start = 0 if rows is None else rows[0]
         self.edges = edges = graph.edges(rows)
         self.num_rows = len(edges.indptr) - 1
-        self.projected = torch.from_numpy(np.ascontiguousarray(projected)).view(projected.shape[0], heads, -1)
-        scores = torch.from_numpy(np.ascontiguousarray(scores))
+        self.projected = projected.view(projected.shape[0], heads, -1)
         self.dst, self.src = torch.from_numpy(edges.dst), torch.from_numpy(edges.src)
         # z[e, k] = s_dst[v, k] + s_src[u, k] for edge e = (u -> v)
-        self.z = scores[self.dst + self.start, :heads] + scores[self.src, heads:]
+        self.z = (scores[:, :heads].contiguous().index_select(0, self.dst + start)
+                  + scores[:, heads:].contiguous().index_select(0, self.src))
         e = torch.nn.functional.leaky_relu(self.z, NEGATIVE_SLOPE)
         index = self.dst[:, None].expand(-1, heads)
         peak = torch.full((self.num_rows, heads), -torch.inf).scatter_reduce_(0, index, e, "amax")
-        exp = torch.exp(e - peak[self.dst])
+        exp = torch.exp(e - peak.index_select(0, self.dst))
         total = torch.zeros(self.num_rows, heads).index_add_(0, self.dst, exp)
-        self.alpha = exp / total[self.dst]
+        self.alpha = exp / total.index_select(0, self.dst)
         p = float(args.get("attention_dropout", 0.0))
         self.keep_scale = None
         if args["training"] and p > 0.0:
@@ -164,81 +163,130 @@ class _Attention:
             self.keep_scale = torch.from_numpy(keep.astype(np.float32) * np.float32(1.0 / (1.0 - p)))
         self.weights = self.alpha if self.keep_scale is None else self.alpha * self.keep_scale
 
-    def head_matrix(self, k: int):
-        """``[rows, local rows]`` CSR whose entries are head ``k``'s (dropped-out) attention."""
+    def head(self, k: int):
+        """``[local rows, F]``: head ``k``'s projected rows, contiguous."""
+        return self.projected[:, k].contiguous()
+
+    def matrix(self, values):
+        """``[rows, local rows]`` CSR of the block's edges with ``values`` ``[nnz]``."""
         from dorylus.models.graph import csr_tensor
 
-        return csr_tensor(self.edges.indptr, self.edges.src, self.weights[:, k].contiguous().numpy(),
+        return csr_tensor(self.edges.indptr, self.edges.src, values.contiguous().numpy(),
                           (self.num_rows, self.projected.shape[0]))
+
+    def transposes(self, values):
+        """Per head, the ``[local rows, rows]`` CSR of the transpose with ``values`` ``[nnz, K]``
+        (whole partition only)."""
+        import torch
+
+        from dorylus.models.graph import csr_tensor
+
+        indptr, order = self.graph.source_order()
+        by_source = values.index_select(0, torch.from_numpy(order))
+        dst = self.edges.dst[order]
+        return [csr_tensor(indptr, dst, by_source[:, k].contiguous().numpy(), (self.projected.shape[0], self.num_rows))
+                for k in range(self.heads)]
+
+
+def _attend(graph, rows, projected, scores, layer: int, args: dict[str, Any]):
+    """Torch ``[rows, K F]`` (concatenated) or ``[rows, F]`` (averaged) from ``projected``
+    ``[local rows, K F]`` and ``scores`` ``[local rows, 2K]``."""
+    import torch
+
+    attention = _Attention(graph, rows, projected, scores, layer, args)
+    out = torch.stack([attention.matrix(attention.weights[:, k]) @ attention.head(k)
+                       for k in range(attention.heads)], dim=1)
+    return out.reshape(attention.num_rows, -1) if attention.concat else out.mean(dim=1)
+
+
+def _attend_backward(graph, grad_out, projected, scores, layer: int, args: dict[str, Any]):
+    """Torch ``(dP [local rows, K F], dE [local rows, 2K])`` from ``dY`` of every owned row.
+
+    With ``g[v, k]`` the gradient of head ``k``'s output of ``v``, ``w = alpha * keep / (1 - p)``::
+
+        dP[u, k]     = sum_{e=(u->v)} w[e, k] g[v, k]          (the transpose, per head)
+        dw[e, k]     = g[v, k] · P[u, k]                       (sampled dense-dense product)
+        dalpha       = dw * keep / (1 - p)
+        de[e, k]     = alpha[e, k] (dalpha[e, k] - sum_{e' into v} alpha[e', k] dalpha[e', k])
+        dz           = de * (1 if z > 0 else 0.2)
+        ds_dst[v, k] = sum_{e into v} dz[e, k];   ds_src[u, k] = sum_{e out of u} dz[e, k]
+    """
+    import torch
+
+    attention = _Attention(graph, None, projected, scores, layer, args)
+    heads, dst, src = attention.heads, attention.dst, attention.src
+    n_local, width = attention.projected.shape[0], attention.projected.shape[2]
+    grad_heads = (grad_out.view(-1, heads, width) if attention.concat
+                  else (grad_out / heads)[:, None, :].expand(-1, heads, width))
+    pattern = attention.matrix(torch.ones(len(dst)))
+    grad_projected = torch.empty(n_local, heads, width)
+    grad_weights = torch.empty(len(dst), heads)
+    transposes = attention.transposes(attention.weights)
+    for k in range(heads):  # per head: sparse products, no nnz x F temporaries
+        g = grad_heads[:, k].contiguous()
+        grad_projected[:, k] = transposes[k] @ g
+        grad_weights[:, k] = torch.sparse.sampled_addmm(pattern, g, attention.head(k).t(), beta=0.0).values()
+    grad_alpha = grad_weights if attention.keep_scale is None else grad_weights * attention.keep_scale
+    alpha = attention.alpha
+    row_dot = torch.zeros(attention.num_rows, heads).index_add_(0, dst, alpha * grad_alpha)
+    grad_z = alpha * (grad_alpha - row_dot.index_select(0, dst))
+    grad_z = torch.where(attention.z > 0, grad_z, grad_z * NEGATIVE_SLOPE)
+    grad_scores = torch.zeros(n_local, 2 * heads)
+    grad_scores[: attention.num_rows, :heads] = torch.zeros(attention.num_rows, heads).index_add_(0, dst, grad_z)
+    grad_scores[:, heads:] = torch.zeros(n_local, heads).index_add_(0, src, grad_z)
+    return grad_projected.reshape(n_local, heads * width), grad_scores
 
 
 def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
            args: dict[str, Any]) -> list[np.ndarray]:
     """GA: attention-weighted sum of ``P`` over each row's in-edges (see the module docstring)."""
-    attention = _Attention(graph, rows, inputs[0], inputs[1], layer, args)
-    torch = attention.torch
-    out = torch.stack([attention.head_matrix(k) @ attention.projected[:, k].contiguous()
-                       for k in range(attention.heads)], dim=1)
-    out = out.reshape(attention.num_rows, -1) if attention.concat else out.mean(dim=1)
-    return [out.numpy()]
+    import torch
+
+    projected, scores = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in inputs)
+    return [_attend(graph, rows, projected, scores, layer, args).numpy()]
 
 
 def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
-    """GA_BWD: from ``dY`` (owned rows) to ``dP`` and ``dE`` of every local row.
+    """GA_BWD: from ``dY`` (owned rows) to ``dP`` and ``dE`` of every local row (:func:`_attend_backward`)."""
+    import torch
 
-    With ``g[v, k]`` the gradient of head ``k``'s output of ``v``, ``w = alpha * keep / (1 - p)``::
-
-        dP[u, k]     = sum_{e=(u->v)} w[e, k] g[v, k]
-        dw[e, k]     = g[v, k] · P[u, k];   dalpha = dw * keep / (1 - p)
-        de[e, k]     = alpha[e, k] (dalpha[e, k] - sum_{e' into v} alpha[e', k] dalpha[e', k])
-        dz           = de * (1 if z > 0 else 0.2)
-        ds_dst[v, k] = sum_{e into v} dz[e, k];   ds_src[u, k] = sum_{e out of u} dz[e, k]
-    """
-    grad_out, projected, scores = inputs
-    attention = _Attention(graph, None, projected, scores, layer, args)
-    torch, heads = attention.torch, attention.heads
-    n_local, width = attention.projected.shape[0], attention.projected.shape[2]
-    grad_out = torch.from_numpy(np.ascontiguousarray(grad_out))
-    if attention.concat:
-        grad_heads = grad_out.view(-1, heads, width)
-    else:
-        grad_heads = (grad_out / heads)[:, None, :].expand(-1, heads, width)
-    dst, src = attention.dst, attention.src
-    grad_projected = torch.zeros(n_local, heads, width)
-    grad_weights = torch.empty(len(dst), heads)
-    for k in range(heads):  # one head at a time: nnz x F temporaries, not nnz x K x F
-        g_dst = grad_heads[:, k][dst]
-        grad_projected[:, k].index_add_(0, src, attention.weights[:, k, None] * g_dst)
-        grad_weights[:, k] = (g_dst * attention.projected[:, k][src]).sum(dim=1)
-    grad_alpha = grad_weights if attention.keep_scale is None else grad_weights * attention.keep_scale
-    alpha = attention.alpha
-    row_dot = torch.zeros(attention.num_rows, heads).index_add_(0, dst, alpha * grad_alpha)
-    grad_z = alpha * (grad_alpha - row_dot[dst])
-    grad_z = torch.where(attention.z > 0, grad_z, grad_z * NEGATIVE_SLOPE)
-    grad_scores = torch.zeros(n_local, 2 * heads)
-    grad_scores[:, :heads].index_add_(0, dst, grad_z)
-    grad_scores[:, heads:].index_add_(0, src, grad_z)
-    return [grad_projected.reshape(n_local, heads * width).numpy(), grad_scores.numpy()]
+    grad_out, projected, scores = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in inputs)
+    return [t.numpy() for t in _attend_backward(graph, grad_out, projected, scores, layer, args)]
 
 
 def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
-    """The torch twin of one layer for the single-process reference, written with autograd's own
-    ops (gather, scatter-add), so that it checks the hand-written backward above."""
+    """The torch twin of one layer for the single-process reference: the projections and scores
+    through autograd, the edge work through the same kernels as the graph server's Gather (their
+    backward is checked against PyG's GATConv and against autograd on a dense formulation)."""
     import torch
 
     heads, width = layer.heads, layer.out_dim
-    n = h.shape[0]
-    projected = (h @ weight[:-2]).view(n, heads, width)
-    s_dst = (projected * weight[-2].view(heads, width)).sum(-1)
-    s_src = (projected * weight[-1].view(heads, width)).sum(-1)
-    edges = graph.edges()
-    dst, src = torch.from_numpy(edges.dst), torch.from_numpy(edges.src)
-    e = torch.nn.functional.leaky_relu(s_dst[dst] + s_src[src], NEGATIVE_SLOPE)
-    peak = torch.full((n, heads), -torch.inf).scatter_reduce(0, dst[:, None].expand(-1, heads), e.detach(), "amax")
-    exp = torch.exp(e - peak[dst])
-    alpha = exp / torch.zeros(n, heads).index_add(0, dst, exp)[dst]
-    if training and layer.attention_dropout > 0:
-        keep = keep_edge_mask(*key, edges.dst_ids, edges.src_ids, heads, layer.attention_dropout)
-        alpha = alpha * torch.from_numpy(keep) / (1.0 - layer.attention_dropout)
-    out = torch.zeros(n, heads, width).index_add(0, dst, alpha[:, :, None] * projected[src])
-    return out.reshape(n, heads * width) if layer.concat else out.mean(dim=1)
+    projected = h @ weight[:-2]
+    per_head = projected.view(h.shape[0], heads, width)
+    scores = torch.cat([(per_head * weight[-2].view(heads, width)).sum(-1),
+                        (per_head * weight[-1].view(heads, width)).sum(-1)], dim=1)
+    args = {"heads": heads, "concat": layer.concat, "attention_dropout": layer.attention_dropout,
+            "seed": key[0], "epoch": key[1], "training": training}
+    return _attention_function().apply(projected, scores, graph, key[2], args)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_function():
+    """The edge work as a torch autograd function (defined on first use: this module imports no torch)."""
+    import torch
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, projected, scores, graph, layer, args):
+            ctx.save_for_backward(projected, scores)
+            ctx.graph, ctx.layer, ctx.args = graph, layer, args
+            return _attend(graph, None, projected.detach(), scores.detach(), layer, args)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            projected, scores = ctx.saved_tensors
+            grad_p, grad_s = _attend_backward(ctx.graph, grad_out.contiguous(), projected.detach(), scores.detach(),
+                                              ctx.layer, ctx.args)
+            return grad_p, grad_s, None, None, None
+
+    return AttentionFunction

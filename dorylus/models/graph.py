@@ -72,7 +72,9 @@ class CsrGraph:
         self.row_ids, self.col_ids = np.asarray(row_ids, np.int64), np.asarray(col_ids, np.int64)
         self._values: dict[str, np.ndarray] = {"gcn": np.asarray(gcn_weights, np.float32)}
         self._matrices: dict[tuple, torch.Tensor] = {}
+        self._edges: dict[tuple[int, int], Edges] = {}
         self._row_of: np.ndarray | None = None
+        self._source_order: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def nnz(self) -> int:
@@ -126,11 +128,24 @@ class CsrGraph:
 
     def edges(self, rows: tuple[int, int] | None = None) -> Edges:
         a, b = rows if rows is not None else (0, self.num_rows)
-        lo, hi = self.indptr[a], self.indptr[b]
-        src = self.indices[lo:hi]
-        dst = self.row_of()[lo:hi] - a
-        return Edges(indptr=self.indptr[a:b + 1] - lo, dst=dst, src=src, dst_ids=self.row_ids[dst + a],
-                     src_ids=self.col_ids[src])
+        if (a, b) not in self._edges:
+            lo, hi = self.indptr[a], self.indptr[b]
+            src = self.indices[lo:hi]
+            dst = self.row_of()[lo:hi] - a
+            self._edges[(a, b)] = Edges(indptr=self.indptr[a:b + 1] - lo, dst=dst, src=src,
+                                        dst_ids=self.row_ids[dst + a], src_ids=self.col_ids[src])
+        return self._edges[(a, b)]
+
+    def source_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(indptr, order)``: the entries grouped by column, for products with the transpose of a
+        matrix whose values change every call (attention): ``int64 [num_cols + 1]`` and the
+        permutation ``int64 [nnz]`` that sorts the entries by column (stably)."""
+        if self._source_order is None:
+            order = np.argsort(self.indices, kind="stable")
+            indptr = np.zeros(self.num_cols + 1, np.int64)
+            np.cumsum(np.bincount(self.indices, minlength=self.num_cols), out=indptr[1:])
+            self._source_order = (indptr, order)
+        return self._source_order
 
 
 def spmm(matrix: torch.Tensor, dense: np.ndarray) -> np.ndarray:

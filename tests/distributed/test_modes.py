@@ -71,6 +71,25 @@ def test_async_reaches_cora_accuracy(tmp_path, cora, staleness):
     assert sum(accuracies) / 3 >= 0.795, accuracies
 
 
+MODEL_RECIPES = {
+    "gat": dict(model="gat", hidden=8, heads=8, dropout=0.6, input_dropout=0.6, attention_dropout=0.6, lr=0.005,
+                weight_decay_scope="all"),
+    "sage": dict(model="sage", hidden=64, weight_decay_scope="all"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("model", sorted(MODEL_RECIPES))
+def test_async_models_within_a_point_of_sync_on_cora(tmp_path, cora, model):
+    """Issue 8's acceptance: async S=0 within one point of sync, 200 epochs, 2 graph servers."""
+    runs = {mode: _train(tmp_path, cora, mode, backend="cpu", mode=mode, epochs=200, eval_every=200,
+                         **MODEL_RECIPES[model])[0]
+            for mode in ("sync", "async")}
+    assert runs["sync"]["final_test_acc"] >= 0.79
+    assert abs(runs["async"]["final_test_acc"] - runs["sync"]["final_test_acc"]) <= 0.01, runs
+
+
 @pytest.mark.timeout(600)
 def test_faults_are_relaunched_and_every_gradient_applied_once(tmp_path, cora):
     """10% of calls raise, 2% crash their sandbox, 5% straggle x10 (relaunched after 0.3 s):
