@@ -76,8 +76,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     store = open_store(args.store, verify=True)
     print(json.dumps({k: v for k, v in store.meta.to_dict().items() if k not in ("files", "parts")}, indent=2))
-    print(format_stats(partition_stats(store)))
+    stats = partition_stats(store)
+    print(format_stats(stats))
+    if args.model:
+        print(_model_traffic(args, store.meta, stats))
     return 0
+
+
+def _model_traffic(args: argparse.Namespace, meta, stats: dict) -> str:
+    """What one epoch of ``args.model`` moves between the store's graph servers, and its calls."""
+    from dorylus.config import TrainConfig
+    from dorylus.models import get_model
+    from dorylus.models.spec import ModelSpec
+
+    config = TrainConfig(model=args.model, **{k: getattr(args, k) for k in ("layers", "hidden", "heads", "out_heads")
+                                              if getattr(args, k) is not None})
+    spec = ModelSpec.from_config(config, meta.num_features, meta.num_classes)
+    plan = get_model(args.model).build_plan(spec)
+    ghosts = stats["global"]["ghosts"]
+    train, evaluate = (4 * ghosts * plan.ghost_columns(training) for training in (True, False))
+    shapes = " -> ".join([str(spec.layers[0].in_dim)] + [str(layer.output_width) for layer in spec.layers])
+    return (f"{args.model} ({shapes}, weights {spec.weight_shapes()}): per epoch, ghost rows carry "
+            f"{train / 1e6:,.1f} MB ({train:,} bytes) in the training pass and {evaluate / 1e6:,.1f} MB in an "
+            f"evaluation pass; "
+            f"{plan.function_calls_per_interval(True)} + {plan.function_calls_per_interval(False)} function calls "
+            f"per interval")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -145,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "per-partition statistics (owned vertices, edges, ghosts, send volume).")
     inspect.add_argument("store", help="partition store directory, or s3://BUCKET/PREFIX (downloaded into the "
                                        "local cache first; AWS_ENDPOINT_URL_S3 picks another S3 endpoint)")
+    inspect.add_argument("--model", choices=("gcn", "gat", "sage"),
+                         help="also print what one epoch of this model moves between the graph servers")
+    for flag, what in (("--layers", "layers"), ("--hidden", "hidden width (gat: per head)"),
+                       ("--heads", "gat: hidden layers' heads"), ("--out-heads", "gat: last layer's heads")):
+        inspect.add_argument(flag, type=int, help=f"with --model: {what} (default: train's)")
     inspect.set_defaults(func=cmd_inspect)
 
     gen = sub.add_parser("generate", help="generate a synthetic dataset preset into an .npz file",

@@ -89,6 +89,13 @@ class Plan:
         """Buffers Gather reads: they have ghost rows after the owned ones."""
         return frozenset(name for s in (*self.train, *self.evaluate) if s.kind == GATHER for name in s.reads)
 
+    def ghost_columns(self, training: bool) -> int:
+        """Float32 columns one ghost row carries in one pass: every Gather's inputs (Scatter)
+        plus every backward Gather's outputs (backward Scatter)."""
+        stages = self.train if training else self.evaluate
+        return (sum(self.widths[name] for s in stages if s.kind == GATHER for name in s.reads)
+                + sum(self.widths[name] for s in stages if s.kind == GATHER_BACKWARD for name in s.writes))
+
     def function_calls_per_interval(self, training: bool) -> int:
         return sum(s.kind == FUNCTION for s in (self.train if training else self.evaluate))
 

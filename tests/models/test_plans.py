@@ -114,3 +114,13 @@ def test_results_do_not_depend_on_intervals(arch):
     assert meta_a["loss"] == pytest.approx(meta_b["loss"], rel=1e-6)
     for l in grads_a:
         np.testing.assert_allclose(grads_a[l], grads_b[l], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("arch,train,evaluate", [
+    ("gcn", 4 + 3 + 4 + 3, 4 + 3),                          # P0, P1 forward; dP0, dP1 backward
+    ("sage", 4 + 3 + 4 + 3, 4 + 3),
+    ("gat", (12 + 6) * 2 + (6 + 4) * 2, 12 + 6 + 6 + 4),    # P and scores E of 3 heads x 4, then 2 x 3
+])
+def test_ghost_columns_count_every_exchanged_buffer(arch, train, evaluate):
+    plan = get_model(arch).build_plan(_spec(arch, 2, 0.5))
+    assert (plan.ghost_columns(True), plan.ghost_columns(False)) == (train, evaluate)

@@ -345,3 +345,22 @@ def test_store_stats_agree_with_assignment_stats(method, tmp_path):
     from_store = partition_stats(open_store(tmp_path / "s"))
     assert from_store == partition_stats(parts, gcn_normalize(ds.src, ds.dst, ds.num_nodes))
     assert from_store["global"]["ghosts"] == from_store["global"]["send"]
+
+
+def test_inspect_prints_a_models_ghost_traffic(tmp_path, capsys):
+    from dorylus.cli import main
+    from dorylus.config import TrainConfig
+    from dorylus.models import get_model
+    from dorylus.models.spec import ModelSpec
+    from dorylus.partition import partition_stats
+
+    ds = undirected_toy()
+    root = tmp_path / "store"
+    write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 2, "contiguous"), root, method="contiguous", seed=0)
+    assert main(["inspect", str(root), "--model", "gat", "--hidden", "4", "--heads", "2"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    spec = ModelSpec.from_config(TrainConfig(model="gat", hidden=4, heads=2), ds.num_features, ds.num_classes)
+    ghosts = partition_stats(open_store(root))["global"]["ghosts"]
+    assert ghosts > 0
+    expected = 4 * ghosts * get_model("gat").build_plan(spec).ghost_columns(True)
+    assert line.startswith("gat (") and f"({expected:,} bytes) in the training pass" in line
