@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from common import machine_info, positive_int, write_json
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
+from dorylus.models.sparse import to_dense
 from dorylus.models.spec import ModelSpec
 from dorylus.runs import read_metrics
 from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, run_training
@@ -107,7 +108,7 @@ class PygTrainer:
         rows, cols = adj.rows(), adj.indices
         off_diagonal = rows != cols  # GCNConv and GATConv add self loops; SAGEConv's mean has none
         self.edge_index = torch.from_numpy(np.stack([cols[off_diagonal], rows[off_diagonal]]))
-        self.features = torch.from_numpy(graph.features)
+        self.features = torch.from_numpy(to_dense(graph.features))  # dense, as PyG users feed GCNConv
         data = graph.dataset
         self.labels, self.train_mask = torch.from_numpy(data.labels), torch.from_numpy(data.train_mask)
         self.model = PygModel(spec, spec.init_weights(config.seed))

@@ -51,6 +51,7 @@ from dorylus.data.graph import GraphDataset
 from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.models.reference import accuracy
+from dorylus.models.sparse import to_dense
 from dorylus.models.spec import ModelSpec
 from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, summarize
 from common import positive_int, write_json
@@ -139,7 +140,7 @@ class PygTrainer:
         off_diagonal = rows != cols  # GCNConv adds the self loops itself
         # Row v of A_hat lists the sources u of u -> v; PyG's edge_index is [source; target].
         self.edge_index = torch.from_numpy(np.stack([cols[off_diagonal], rows[off_diagonal]]))
-        self.features = torch.from_numpy(graph.features)
+        self.features = torch.from_numpy(to_dense(graph.features))  # PyG users keep features dense
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
         torch.manual_seed(config.seed)

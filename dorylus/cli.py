@@ -31,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"final test accuracy {summary['final_test_acc']:.4f} (val {summary['final_val_acc']:.4f}), "
           f"best val {summary['best_val_acc']:.4f} at epoch {summary['best_val_epoch']} "
           f"(test {summary['test_acc_at_best_val']:.4f}); {summary['total_s']:.2f} s total, "
-          f"{summary['mean_epoch_s'] * 1000:.1f} ms/epoch"
+          f"{summary['epoch_s'] * 1000:.1f} ms/epoch"
           + (f", ${summary['total_cost_usd']:.6f} ({summary['invocations']} function calls)"
              if "total_cost_usd" in summary else "")
           + f"; run directory {summary['run_dir']}")
@@ -65,7 +65,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     _stderr_progress(f"{args.method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
     start = time.perf_counter()
     write_store(dataset, parts, args.out, method=args.method, seed=args.seed, overwrite=args.overwrite,
-                progress=_stderr_progress)
+                sparse_features=args.sparse_features, progress=_stderr_progress)
     _stderr_progress(f"wrote {args.out} ({time.perf_counter() - start:.1f} s)")
     print(format_stats(partition_stats(open_store(args.out, verify=False))))
     return 0
@@ -135,6 +135,20 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from dorylus.report import write_report
+
+    out = write_report(args.runs, args.out)
+    print(f"wrote {out / 'index.md'}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dorylus.plan.command import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dorylus.config import add_config_arguments
 
@@ -161,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--out", required=True, type=Path, help="output directory (must not exist or be empty)")
     part.add_argument("--seed", type=int, default=0, help="seed for the random method and METIS (default 0)")
     part.add_argument("--overwrite", action="store_true", help="replace an existing store (atomically)")
+    part.add_argument("--sparse-features", default="auto", choices=("auto", "on", "off"),
+                      help="store the features as CSR: 'auto' (default) when a part's density is below 0.1")
     part.set_defaults(func=cmd_partition)
 
     inspect = sub.add_parser("inspect", help="verify a partition store and print its statistics",
@@ -212,6 +228,30 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("--s3-endpoint-url", metavar="URL",
                         help="another S3 endpoint (default: AWS, or $AWS_ENDPOINT_URL_S3)")
     upload.set_defaults(func=cmd_upload)
+
+    report = sub.add_parser("report", help="plot one or more runs and compare their time, dollars and value",
+                            description="Write a report directory (RUN_DIR/report of the first run, or --out): "
+                                        "index.md with PNG plots of the runs: loss and accuracy "
+                                        "against epoch, wall time and dollars; seconds per epoch by task kind; "
+                                        "dollars per epoch by component; and a table and chart of seconds, dollars "
+                                        "and value (1 / (s/epoch x $/epoch)) across runs. Reads only config.json and "
+                                        "metrics.jsonl, so a run still going or interrupted can be reported.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (from `dorylus train`)")
+    report.add_argument("--out", type=Path, metavar="DIR",
+                        help="report directory, replaced if it exists (default: RUN_DIR/report of the first run)")
+    report.set_defaults(func=cmd_report)
+
+    plan = sub.add_parser("plan", help="predict epoch time, dollars and value of lambda, CPU and GPU configurations",
+                          description="Calibrate this machine (Gather, matmul and dropout rates of one thread, ZeroMQ "
+                                      "loopback, the emulator's invoke latency, a GPU's rates when CUDA is present) "
+                                      "or read a saved calibration, then predict one GCN epoch: by default for "
+                                      "lambda + CPU graph servers, CPU-only and GPU instances at Reddit, Amazon and "
+                                      "Friendster scale on AWS; with --dataset, --partitions or --run, for a local "
+                                      "run on this machine.")
+    from dorylus.plan.command import add_arguments as add_plan_arguments
+
+    add_plan_arguments(plan)
+    plan.set_defaults(func=cmd_plan)
     from dorylus import emulator, paramserver
     from graphserver import server as graphserver
 

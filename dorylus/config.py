@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 
 MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
 MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
@@ -32,6 +33,11 @@ class TrainConfig:
     dataset: str = _opt("synthetic-small", "dataset: a preset name (synthetic-small, synthetic-1m, "
                         "synthetic-reddit) or a path (.npz, edge list, OGB directory)")
     row_normalize_features: bool = _opt(True, "divide each feature row by its sum (the Planetoid recipe)")
+    sparse_features: str = _opt("auto", "layout of the input features in memory and in the partition store "
+                                "written at start: 'on' = sparse (CSR: layer 0's X W, its dW and its dropout "
+                                "cost what the non-zeros cost; same results), 'off' = dense, 'auto' = sparse "
+                                f"when their density (non-zeros / entries) is below {AUTO_MAX_DENSITY:g}, as "
+                                "for bag-of-words (each graph server judges its own part)", SPARSE_MODES)
     # model
     model: str = _opt("gcn", "model architecture: 'gcn' (Kipf & Welling), 'gat' (Velickovic et al., multi-head "
                       "attention), 'sage' (GraphSAGE, mean aggregator with root weight)", ("gcn", "gat", "sage"))
@@ -88,7 +94,8 @@ class TrainConfig:
     fault_straggle: float = _opt(0.0, "emulator fault injection: fraction of calls slowed by --fault-straggle-factor")
     fault_straggle_factor: float = _opt(10.0, "emulator fault injection: slowdown of a straggling call")
     fault_seed: int = _opt(0, "emulator fault injection: seed of which calls fail")
-    graph_server_instance: str = _opt("c5.2xlarge", "EC2 instance type a graph server is priced at")
+    graph_server_instance: str | None = _opt(None, "EC2 instance type a graph server is priced at (default: "
+                                             "c5.2xlarge; p3.2xlarge with --backend gpu)")
     param_server_instance: str = _opt("c5.xlarge", "EC2 instance type the parameter server is priced at")
     task_timeout_s: float = _opt(600.0, "a function call (and a phase never seen before) fails after this long; "
                                  "at most 900 with the lambda backend, Lambda's limit")
@@ -104,6 +111,10 @@ class TrainConfig:
     run_dir: str | None = _opt(None, "run directory (default: runs/<time>-<dataset>-<backend>); must not exist or be empty")
 
     def __post_init__(self) -> None:
+        if self.graph_server_instance is None:
+            from dorylus.cost import default_graph_server_instance
+
+            self.graph_server_instance = default_graph_server_instance(self.backend)
         self.validate()
 
     def validate(self) -> "TrainConfig":

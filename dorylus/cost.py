@@ -6,6 +6,11 @@ Prices are data, in one table, so that updating them (or pricing another region)
     servers  = sum over instance types of count * seconds / 3600 * hourly_price
     value    = 1 / (seconds * dollars)          # higher is better (performance per dollar)
 
+A run's :class:`Pricing` (from its config: instance types, graph-server count, function memory)
+splits an epoch's dollars into :data:`COMPONENTS` (functions, graph servers, parameter server);
+:func:`epoch_metrics` gives the cost fields every line of ``metrics.jsonl`` carries, and the
+planner (:mod:`dorylus.plan`) prices its predictions with the same class.
+
 Server time is pro-rated per second without EC2's 60-second minimum per launch: the servers of a
 run are assumed to live across many epochs. Lambda's free tier and its volume discounts (above 6
 billion GB-s a month) are left out, as they do not belong to any one job.
@@ -30,23 +35,31 @@ class PriceTable:
     ec2_hour_usd: dict[str, float] = field(default_factory=dict)  # by instance type, Linux
 
 
-# Source: AWS Lambda pricing (aws.amazon.com/lambda/pricing) and Amazon EC2 On-Demand pricing
-# (aws.amazon.com/ec2/pricing/on-demand), us-east-1, Linux, as listed in mid-2026 (these list
-# prices have not changed since the instance types launched). Check them before quoting.
+# Sources, us-east-1, Linux, on-demand list prices as published in 2025 (check before quoting):
+# * Lambda: aws.amazon.com/lambda/pricing: $0.0000166667 per GB-s (x86_64), $0.0000133334 (arm64),
+#   first pricing tier; $0.20 per million requests.
+# * EC2: aws.amazon.com/ec2/pricing/on-demand. CPU instances: unchanged since launch. P4d and P5:
+#   the prices after AWS's June 2025 cut ("Announcing up to 45% price reduction for Amazon EC2
+#   NVIDIA GPU-accelerated instances", aws.amazon.com/blogs, 2025-06-05: p4d.24xlarge $32.77 ->
+#   $21.96, p5.48xlarge $98.32 -> $55.04 per hour).
 US_EAST_1 = PriceTable(
     region="us-east-1",
-    as_of="2026-06",
-    source="aws.amazon.com/lambda/pricing, aws.amazon.com/ec2/pricing/on-demand",
+    as_of="2025",
+    source="aws.amazon.com/lambda/pricing, aws.amazon.com/ec2/pricing/on-demand, "
+           "aws.amazon.com/blogs (2025-06 P4d/P5 price cut)",
     lambda_gb_s_usd={"x86_64": 0.0000166667, "arm64": 0.0000133334},
     lambda_request_usd=0.20 / 1_000_000,
     ec2_hour_usd={
         # compute-optimized: graph servers
-        "c5.xlarge": 0.17, "c5.2xlarge": 0.34, "c5.4xlarge": 0.68,
-        "c5n.xlarge": 0.216, "c5n.2xlarge": 0.432, "c5n.4xlarge": 0.864,
+        "c5.xlarge": 0.17, "c5.2xlarge": 0.34, "c5.4xlarge": 0.68, "c5.9xlarge": 1.53,
+        "c5n.xlarge": 0.216, "c5n.2xlarge": 0.432, "c5n.4xlarge": 0.864, "c5n.9xlarge": 1.944,
         # general purpose and memory-optimized: parameter servers, big partitions
         "m5.xlarge": 0.192, "m5.2xlarge": 0.384, "r5.xlarge": 0.252, "r5.2xlarge": 0.504,
-        # GPU: the gpu backend
-        "p3.2xlarge": 3.06, "g4dn.xlarge": 0.526, "g5.xlarge": 1.006,
+        "r5.4xlarge": 1.008,
+        # GPU: the gpu backend (V100, T4, A10G, 8 x A100 40 GB, 8 x H100 80 GB)
+        "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "g4dn.xlarge": 0.526,
+        "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624,
+        "p4d.24xlarge": 21.96, "p5.48xlarge": 55.04,
     },
 )
 DEFAULT_PRICES = US_EAST_1
@@ -89,3 +102,84 @@ def value(seconds: float, dollars: float) -> float:
     if not (seconds > 0 and dollars > 0):
         raise ValueError(f"cost: value needs positive time and cost, got {seconds} s, ${dollars}")
     return 1.0 / (seconds * dollars)
+
+
+# The instance a graph server is priced at when the config names none: its backend's machine.
+DEFAULT_GRAPH_SERVER_INSTANCE = {"lambda": "c5.2xlarge", "cpu": "c5.2xlarge", "reference": "c5.2xlarge",
+                                 "gpu": "p3.2xlarge"}
+COMPONENTS = ("functions", "graph_servers", "param_server")
+
+
+def default_graph_server_instance(backend: str) -> str:
+    """The instance type a ``backend`` run's graph servers are priced at by default: a CPU
+    machine (c5.2xlarge), or for ``gpu`` one V100 machine (p3.2xlarge, the Dorylus paper's GPU)."""
+    return DEFAULT_GRAPH_SERVER_INSTANCE.get(backend, DEFAULT_GRAPH_SERVER_INSTANCE["cpu"])
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What one epoch of a run costs, by component::
+
+        functions      = billed_gb_s * usd_per_gb_s + requests * usd_per_request
+        graph_servers  = graph_servers * seconds / 3600 * hourly(graph_server_instance)
+        param_server   = param_servers * seconds / 3600 * hourly(param_server_instance)
+        cost_usd       = functions + graph_servers + param_server
+
+    Each graph server is priced as one instance, whatever shares a machine locally: the run is
+    priced as it would be deployed (one machine per partition, as in AWS mode).
+    """
+
+    graph_server_instance: str
+    graph_servers: int
+    param_server_instance: str
+    param_servers: int
+    lambda_memory_mb: int | None  # None: the run calls no functions
+    architecture: str = "x86_64"
+    prices: PriceTable = DEFAULT_PRICES
+
+    def __post_init__(self) -> None:
+        for instance in (self.graph_server_instance, self.param_server_instance):
+            server_cost_usd(instance, 0.0, prices=self.prices)  # ConfigError naming an unknown type
+        lambda_cost_usd(0.0, 0, self.prices, self.architecture)
+
+    @classmethod
+    def of_run(cls, config, parts: int | None) -> "Pricing":
+        """The pricing of a run of ``config`` (a :class:`~dorylus.config.TrainConfig`) on ``parts``
+        graph servers; the single-process reference (``parts`` None) is one graph-server machine
+        and no parameter server."""
+        reference = parts is None
+        return cls(graph_server_instance=config.graph_server_instance, graph_servers=1 if reference else parts,
+                   param_server_instance=config.param_server_instance, param_servers=0 if reference else 1,
+                   lambda_memory_mb=config.lambda_memory_mb if config.backend == "lambda" else None)
+
+    def epoch_cost(self, seconds: float, billed_gb_s: float = 0.0, requests: int = 0) -> dict[str, float]:
+        """Dollars of an epoch of ``seconds`` wall time with ``billed_gb_s`` and ``requests`` of
+        function calls, by component (keys :data:`COMPONENTS`)."""
+        return {
+            "functions": lambda_cost_usd(billed_gb_s, requests, self.prices, self.architecture),
+            "graph_servers": server_cost_usd(self.graph_server_instance, seconds, self.graph_servers, self.prices),
+            "param_server": server_cost_usd(self.param_server_instance, seconds, self.param_servers, self.prices),
+        }
+
+    def to_dict(self) -> dict:
+        """The instance types, counts and prices used, for ``summary.json``."""
+        p = self.prices
+        return {
+            "region": p.region, "as_of": p.as_of, "source": p.source,
+            "graph_server": {"instance": self.graph_server_instance, "count": self.graph_servers,
+                             "usd_per_hour": p.ec2_hour_usd[self.graph_server_instance]},
+            "param_server": {"instance": self.param_server_instance, "count": self.param_servers,
+                             "usd_per_hour": p.ec2_hour_usd[self.param_server_instance]},
+            "functions": None if self.lambda_memory_mb is None else {
+                "architecture": self.architecture, "memory_mb": self.lambda_memory_mb,
+                "usd_per_gb_s": p.lambda_gb_s_usd[self.architecture], "usd_per_request": p.lambda_request_usd},
+        }
+
+
+def epoch_metrics(pricing: Pricing, seconds: float, billed_gb_s: float = 0.0, requests: int = 0) -> dict:
+    """The cost fields of one epoch's metrics: ``cost_usd``, ``cost_by_component_usd`` and
+    ``value`` = 1 / (``seconds`` x ``cost_usd``)."""
+    parts = pricing.epoch_cost(seconds, billed_gb_s, requests)
+    total = sum(parts.values())
+    return {"cost_usd": total, "cost_by_component_usd": parts,
+            "value": value(seconds, total) if seconds > 0 and total > 0 else None}

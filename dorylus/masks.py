@@ -49,8 +49,39 @@ def keep_mask(seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, width: 
         counter *= _GOLDEN
         counter += _stream_key(seed, epoch, layer)
         bits = _mix64(counter).astype("<u8", copy=False).view("<u2")
-    threshold = np.uint16(min(int(round(p * 65536)), 65535))
-    return bits.reshape(len(ids), blocks * 4)[:, :width] >= threshold
+    return bits.reshape(len(ids), blocks * 4)[:, :width] >= _threshold(p)
+
+
+def keep_at(seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, columns: np.ndarray, width: int,
+            p: float) -> np.ndarray:
+    """``bool [k]``: ``keep_mask(seed, epoch, layer, vertex_ids, width, p)`` read at the ``k``
+    positions ``(vertex_ids[i], columns[i])`` only, without building the ``[rows, width]`` mask
+    (sparse features: their non-zeros). ``width`` is the full row width, which fixes the hash
+    layout (one 64-bit hash per 4 columns of a row)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    ids, cols = np.asarray(vertex_ids), np.asarray(columns)
+    if ids.shape != cols.shape or ids.ndim != 1:
+        raise ValueError(f"vertex_ids and columns must be 1-D of one length, got {ids.shape} and {cols.shape}")
+    if cols.size and (cols.min() < 0 or cols.max() >= width):
+        raise ValueError(f"columns must be in [0, {width}), got [{cols.min()}, {cols.max()}]")
+    blocks = -(-width // 4)
+    cols = cols.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        counter = ids.astype(np.uint64) * np.uint64(blocks)
+        counter += cols >> np.uint64(2)
+        counter *= _GOLDEN
+        counter += _stream_key(seed, epoch, layer)
+        bits = _mix64(counter)
+    # Column j is the (j mod 4)-th little-endian 16-bit lane of its block's hash, as in keep_mask.
+    bits >>= (cols & np.uint64(3)) << np.uint64(4)
+    return (bits & np.uint64(0xFFFF)).astype(np.uint16) >= _threshold(p)
+
+
+def _threshold(p: float) -> np.uint16:
+    """A 16-bit uniform at or above this is kept: probability ``1 - p`` to within 1/65536."""
+    return np.uint16(min(int(round(p * 65536)), 65535))
+
 
 def dropout(x: np.ndarray, seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, p: float) -> np.ndarray:
     """Inverted dropout of ``x [len(vertex_ids), F]``: kept elements scaled by ``1 / (1 - p)``."""
@@ -82,5 +113,4 @@ def keep_edge_mask(seed: int, epoch: int, layer: int, dst_ids: np.ndarray, src_i
         edge ^= src * _M2
         counter = edge[:, None] + np.arange(blocks, dtype=np.uint64)[None, :] * _GOLDEN
         bits = _mix64(counter).astype("<u8", copy=False).view("<u2")
-    threshold = np.uint16(min(int(round(p * 65536)), 65535))
-    return bits.reshape(len(dst), blocks * 4)[:, :width] >= threshold
+    return bits.reshape(len(dst), blocks * 4)[:, :width] >= _threshold(p)

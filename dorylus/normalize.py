@@ -105,8 +105,13 @@ def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: 
     return NormalizedAdjacency(indptr=indptr, indices=indices, weights=weights, in_degree=in_degree)
 
 
-def row_normalize(features: np.ndarray) -> np.ndarray:
-    """Divide each row by its sum (rows summing to zero are left as zeros). ``float32 [N, F]``."""
+def row_normalize(features):
+    """Divide each row by its sum (rows summing to zero are left as zeros). ``float32 [N, F]``,
+    or :class:`~dorylus.models.sparse.SparseRows` for sparse features (the same values)."""
+    from dorylus.models.sparse import SparseRows
+
+    if isinstance(features, SparseRows):
+        return features.row_normalized()
     sums = features.sum(axis=1, dtype=np.float64, keepdims=True)
     sums[sums == 0] = 1.0
     return (features / sums).astype(np.float32)

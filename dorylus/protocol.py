@@ -28,7 +28,8 @@ op             direction               required fields                          
 HELLO          any -> server           role                                       none
 READY          server -> any           (reply to HELLO)                           none
 PULL           function -> graph srv   task, epoch, layer, interval, rows, names  none (asks for ``names``)
-ROWS           graph srv -> function   epoch, layer, interval, rows, names        one rows tensor per name
+ROWS           graph srv -> function   epoch, layer, interval, rows, names        one rows tensor per name (three
+                                                                                  for a name in ``csr``)
 PUSH           function -> graph srv   task, epoch, layer, interval, rows         one rows tensor per name
 ACK            server -> any           (reply to PUSH, PUSH_GRADS, GHOSTS, ...)   none
 PULL_WEIGHTS   function -> param srv   layer, epoch, interval                     none
@@ -51,6 +52,16 @@ ERROR          server -> any           code, message                            
   is the sending partition and ``rows`` the range inside the receiver's ghost block from it.
 * ``req`` is a request id chosen by the requester and copied into the reply (:func:`reply_to`),
   so a DEALER client may keep several requests in flight.
+
+Sparse rows
+-----------
+A ROWS reply may carry a name's rows as CSR (sparse input features): the header's ``csr`` maps
+that name to its column count ``F``, and its entry in the tensor frames is three tensors instead
+of one: values ``float32 [nnz]``, column indices ``int32 [nnz]`` or ``int64 [nnz]`` (in
+``[0, F)``, strictly ascending within a row) and row pointers ``int64 [stop - start + 1]``
+(rising from 0 to ``nnz``). :func:`rows_reply` builds such a reply from dense or sparse row
+blocks, :func:`named_rows` gives one entry per name back (:class:`CsrRows` for the sparse ones).
+Any other op with ``csr``, or a CSR payload that breaks these rules, is ``bad_sparse``.
 
 Validation
 ----------
@@ -89,7 +100,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -143,6 +154,7 @@ ERROR_CODES = frozenset({
     "bad_command",       # COMMAND unknown or with bad arguments
     "incomplete",        # a step without every expected gradient
     "bad_state",         # a parameter-server state that does not fit the model
+    "bad_sparse",        # a CSR payload (``csr``) that is malformed, or on an op that cannot carry one
 })
 
 
@@ -206,6 +218,7 @@ class Header:
     code: str | None = None              # ERROR: one of ERROR_CODES
     message: str | None = None           # ERROR: human-readable reason
     meta: dict[str, Any] = field(default_factory=dict)  # flat str -> int/float/str/bool/None
+    csr: dict[str, int] = field(default_factory=dict)   # ROWS: names carried as CSR -> column count
 
     @property
     def key(self) -> tuple[str | None, int | None, int | None, int | None]:
@@ -227,6 +240,7 @@ class _OpSpec:
     ndims: tuple[int, ...] = (1, 2)
     floats_only: bool = False
     tasks: frozenset[str] | None = None
+    sparse: bool = False             # names in ``csr`` carry three tensors (see "Sparse rows")
 
 
 _ROW_FIELDS = ("epoch", "layer", "interval", "rows", "names")
@@ -234,7 +248,7 @@ _OPS: dict[Op, _OpSpec] = {
     Op.HELLO: _OpSpec(("role",)),
     Op.READY: _OpSpec(),
     Op.PULL: _OpSpec(("task", *_ROW_FIELDS), tasks=FUNCTION_TASKS),
-    Op.ROWS: _OpSpec(_ROW_FIELDS, tensors_per_name=True, row_tensors=True),
+    Op.ROWS: _OpSpec(_ROW_FIELDS, tensors_per_name=True, row_tensors=True, sparse=True),
     # A PUSH may carry no tensors at all: a result of scalars only (evaluation counts in meta).
     Op.PUSH: _OpSpec(("task", "epoch", "layer", "interval", "rows"), tensors_per_name=True, row_tensors=True,
                      tasks=FUNCTION_TASKS),
@@ -377,6 +391,13 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
             _fail("bad_field", f"message must be a string of at most {MAX_MESSAGE_CHARS} characters", req)
         kw["message"] = d["message"]
     kw["meta"] = _check_meta(d.get("meta", {}), req)
+    csr = d.get("csr", {})
+    if not isinstance(csr, dict) or not all(isinstance(k, str) and _is_int(v) and 0 <= v <= _MAX_ID
+                                            for k, v in csr.items()):
+        _fail("bad_sparse", "csr must map tensor names to column counts (non-negative integers)", req)
+    if set(csr) - set(kw["names"]):
+        _fail("bad_sparse", f"csr names {sorted(set(csr) - set(kw['names']))[:5]} are not in names", req)
+    kw["csr"] = dict(csr)
     header = Header(**kw)
 
     for name in spec.required:
@@ -384,15 +405,19 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
             _fail("missing_field", f"{op.value} requires field {name!r}", req)
     if spec.tasks is not None and header.task not in spec.tasks:
         _fail("bad_field", f"{op.value} task must be one of {sorted(spec.tasks)}, got {header.task!r}", req)
+    if header.csr and not spec.sparse:
+        _fail("bad_sparse", f"{op.value} cannot carry CSR rows (csr is for ROWS)", req)
 
     t = d.get("t", [])
     if not isinstance(t, list):
         _fail("bad_field", "t must be a list of [dtype, shape]", req)
     n = len(t)
-    expected = (len(header.names), len(header.names)) if spec.tensors_per_name else (spec.min_tensors, spec.max_tensors)
+    per_name = len(header.names) + 2 * len(header.csr)
+    expected = (per_name, per_name) if spec.tensors_per_name else (spec.min_tensors, spec.max_tensors)
     if not expected[0] <= n <= expected[1]:
         want = str(expected[0]) if expected[0] == expected[1] else f"{expected[0]}..{expected[1]}"
         _fail("tensor_count", f"{op.value} carries {want} tensor(s), header lists {n}", req)
+    roles = _tensor_roles(header) if spec.tensors_per_name else [("", ROWS_ROLE)] * n
     specs = []
     for i, entry in enumerate(t):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
@@ -406,12 +431,60 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
             _fail("bad_shape", f"tensor {i} shape {shape!r:.60} has negative, non-integer or too many dims", req)
         if len(shape) not in spec.ndims:
             _fail("bad_shape", f"{op.value} tensor {i} must have ndim in {spec.ndims}, got {len(shape)}", req)
-        if spec.row_tensors:
+        name, role = roles[i]
+        if role != ROWS_ROLE:
+            _check_csr_spec(header, name, role, dtype_name, shape, specs, req)
+        elif spec.row_tensors:
             start, stop = header.rows  # required for every row_tensors op
             if shape[0] != stop - start:
                 _fail("row_count", f"tensor {i} has {shape[0]} rows, range [{start}, {stop}) has {stop - start}", req)
         specs.append((DTYPES[dtype_name], tuple(shape)))
     return header, specs
+
+
+ROWS_ROLE = "rows"
+_CSR_ROLES = ("values", "column indices", "row pointers")
+
+
+def _tensor_roles(header: Header) -> list[tuple[str, str]]:
+    """``(name, role)`` of each tensor frame of a one-tensor-per-name message: ``rows``, or one
+    of :data:`_CSR_ROLES` for a name in ``csr``."""
+    return [(name, role) for name in header.names
+            for role in (_CSR_ROLES if name in header.csr else (ROWS_ROLE,))]
+
+
+def _check_csr_spec(header: Header, name: str, role: str, dtype_name: str, shape: list, specs: list,
+                    req: int | None) -> None:
+    """The dtype and shape of one of the three CSR tensors of ``name`` (``specs``: the tensors before it)."""
+    want = {"values": ("float32",), "column indices": ("int32", "int64"), "row pointers": ("int64",)}[role]
+    if dtype_name not in want or len(shape) != 1:
+        _fail("bad_sparse", f"CSR {role} of {name!r} must be 1-D {' or '.join(want)}, got {dtype_name}{shape}", req)
+    if role == "column indices" and shape[0] != specs[-1][1][0]:
+        _fail("bad_sparse", f"CSR of {name!r} has {specs[-1][1][0]} values but {shape[0]} column indices", req)
+    if role == "row pointers":
+        start, stop = header.rows
+        if shape[0] != stop - start + 1:
+            _fail("bad_sparse", f"CSR row pointers of {name!r} must have {stop - start + 1} entries (rows "
+                                f"[{start}, {stop}) + 1), got {shape[0]}", req)
+
+
+def _check_csr_arrays(header: Header, tensors: Sequence[np.ndarray]) -> None:
+    """Every CSR payload's contents: row pointers rising from 0 to nnz, columns in ``[0, F)``
+    and strictly ascending within each row (no duplicate entries)."""
+    if not header.csr:
+        return
+    arrays = {(name, role): a for (name, role), a in zip(_tensor_roles(header), tensors)}
+    for name, width in header.csr.items():
+        values, columns, pointers = (arrays[(name, role)] for role in _CSR_ROLES)
+        steps = np.diff(pointers)
+        if pointers[0] != 0 or pointers[-1] != values.shape[0] or (steps < 0).any():
+            _fail("bad_sparse", f"CSR row pointers of {name!r} must rise from 0 to nnz = {values.shape[0]}",
+                  header.req)
+        if columns.size and (columns.min() < 0 or columns.max() >= width):
+            _fail("bad_sparse", f"CSR column indices of {name!r} must be in [0, {width})", header.req)
+        descents = np.flatnonzero(np.diff(columns.astype(np.int64)) <= 0) + 1
+        if not np.isin(descents, pointers[1:-1]).all():
+            _fail("bad_sparse", f"CSR column indices of {name!r} must ascend strictly within each row", header.req)
 
 
 def _wire_dict(header: Header, tensors: Sequence[np.ndarray]) -> dict[str, Any]:
@@ -428,7 +501,9 @@ def _wire_dict(header: Header, tensors: Sequence[np.ndarray]) -> dict[str, Any]:
             value = [operator.index(v) for v in value]
         elif name == "names":
             value = list(value)
-        if name not in ("req", "attempt", "names", "meta") or value:  # defaults stay off the wire
+        elif name == "csr":
+            value = {k: operator.index(v) for k, v in value.items()}
+        if name not in ("req", "attempt", "names", "meta", "csr") or value:  # defaults stay off the wire
             d[name] = value
     if tensors:
         d["t"] = [[_dtype_name(a.dtype), list(a.shape)] for a in tensors]
@@ -479,6 +554,7 @@ def encode(header: Header, tensors: Sequence[np.ndarray] = ()) -> list[Any]:
         raise ProtocolError("header_too_large", f"header is {len(raw)} bytes (limit {MAX_HEADER_BYTES})")
     # The same checks the receiver runs: a bad message fails at the sender, not across the wire.
     _header_from_wire(json.loads(raw))
+    _check_csr_arrays(header, arrays)
     frames: list[Any] = [raw]
     for a in arrays:
         if a.dtype == np.bool_ and a.size and a.view(np.uint8).max() > 1:
@@ -531,6 +607,7 @@ def decode(frames: Sequence[Any], bounds: Bounds | None = None, *,
         if check_finite and dtype.kind == "f" and not np.isfinite(arr).all():
             raise ProtocolError("not_finite", f"tensor {i} ({_name_of(header, i)}) has NaN or inf", req=req)
         tensors.append(arr)
+    _check_csr_arrays(header, tensors)
     return header, tensors
 
 
@@ -593,6 +670,46 @@ def reply_to(request: Header, op: Op, **fields: Any) -> Header:
     kw = {name: getattr(request, name) for name in _REPLY_FIELDS}
     kw.update(fields)
     return Header(op=op, **kw)
+
+
+class CsrRows(NamedTuple):
+    """A name's rows carried as CSR in a ROWS message (see "Sparse rows"): ``indptr`` has one
+    entry per row plus one, ``width`` is the column count."""
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    width: int
+
+
+def rows_reply(request: Header, rows: Sequence[Any]) -> tuple[Header, list[np.ndarray]]:
+    """The ROWS reply to a PULL and its tensors, one row block per name of ``request``: a dense
+    block is one tensor; a sparse one (any object with CSR arrays ``data``, ``indices``,
+    ``indptr`` and a ``shape``, such as ``dorylus.models.sparse.SparseRows``) is three, and
+    its name is entered in the header's ``csr``."""
+    csr: dict[str, int] = {}
+    tensors: list[np.ndarray] = []
+    for name, block in zip(request.names, rows):
+        if hasattr(block, "indptr"):
+            csr[name] = int(block.shape[1])
+            tensors += [block.data, block.indices, block.indptr]
+        else:
+            tensors.append(block)
+    return reply_to(request, Op.ROWS, csr=csr), tensors
+
+
+def named_rows(header: Header, tensors: Sequence[np.ndarray]) -> list[np.ndarray | CsrRows]:
+    """One entry per name of a decoded ROWS message: its tensor, or :class:`CsrRows` for a name in ``csr``."""
+    out: list[np.ndarray | CsrRows] = []
+    position = 0
+    for name in header.names:
+        if name in header.csr:
+            out.append(CsrRows(*tensors[position:position + 3], width=header.csr[name]))
+            position += 3
+        else:
+            out.append(tensors[position])
+            position += 1
+    return out
 
 
 def error_reply(request: Header | None, exc: BaseException) -> Header:

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
-from dorylus.cost import server_cost_usd
+from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
-from dorylus.models.reference import ReferenceModel, accuracy, masked_loss, whole_graph
+from dorylus.models.reference import ReferenceModel, accuracy, input_features, masked_loss, whole_graph
+from dorylus.models.sparse import SparseRows, in_layout
 from dorylus.optim import build_optimizer, load_optimizer_arrays, optimizer_arrays
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize, row_normalize
@@ -32,12 +33,13 @@ class PreparedGraph:
 
     dataset: GraphDataset
     adjacency: NormalizedAdjacency
-    features: np.ndarray  # float32 [N, F], row-normalized if the config asks for it
+    features: np.ndarray | SparseRows  # float32 [N, F] (CSR when sparse_features picks it), row-normalized if asked
 
 
 def prepare_graph(dataset: GraphDataset, config: TrainConfig) -> PreparedGraph:
     adjacency = gcn_normalize(dataset.src, dataset.dst, dataset.num_nodes, symmetrize=not dataset.directed)
-    features = row_normalize(dataset.features) if config.row_normalize_features else dataset.features
+    features = in_layout(dataset.features, config.sparse_features)
+    features = row_normalize(features) if config.row_normalize_features else features
     return PreparedGraph(dataset=dataset, adjacency=adjacency, features=features)
 
 
@@ -54,12 +56,14 @@ class ReferenceTrainer:
         data = graph.dataset
         self.spec = ModelSpec.from_config(config, data.num_features, data.num_classes)
         self.graph = whole_graph(graph.adjacency)
-        self.features = torch.from_numpy(graph.features)
+        self.features = input_features(graph.features)
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
         self.model = ReferenceModel(self.spec, config.seed)
         self.optimizer = build_optimizer(list(self.model.weights), config.optimizer, config.lr,
                                          [layer.weight_decay for layer in self.spec.layers])
+        # One machine of the graph-server type, so that backends compare in dollars too.
+        self.pricing = Pricing.of_run(config, parts=None)
 
     def step(self, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()
@@ -75,9 +79,8 @@ class ReferenceTrainer:
         else:
             metrics.update(train_acc=None, val_acc=None, test_acc=None)
         metrics["epoch_s"] = time.perf_counter() - start
-        # One machine of the graph-server type, so that backends compare in dollars too.
         metrics["invocations"] = 0
-        metrics["cost_usd"] = server_cost_usd(self.config.graph_server_instance, metrics["epoch_s"])
+        metrics.update(epoch_metrics(self.pricing, metrics["epoch_s"]))
         return metrics
 
     @torch.no_grad()
@@ -102,6 +105,9 @@ class ReferenceTrainer:
 
 
 def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's figures from its per-epoch metrics. Per-epoch figures keep their metric names
+    as means over the epochs (``epoch_s``, ``cost_usd``, ``cost_by_component_usd``), so that
+    ``value = 1 / (epoch_s * cost_usd)``; totals are ``total_s`` and ``total_cost_usd``."""
     evaluated = [m for m in history if m.get("val_acc") is not None]
     best = max(evaluated, key=lambda m: m["val_acc"])
     final = evaluated[-1]
@@ -115,7 +121,7 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
         "best_val_epoch": best["epoch"],
         "test_acc_at_best_val": best["test_acc"],
         "total_s": sum(m["epoch_s"] for m in history),
-        "mean_epoch_s": sum(m["epoch_s"] for m in history) / len(history),
+        "epoch_s": sum(m["epoch_s"] for m in history) / len(history),
     }
 
 
@@ -231,7 +237,8 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | None, placement,
         store = placement
         if not isinstance(store, PartitionStore):
             store_path = run.path / "partitions"
-            write_store(dataset, placement, store_path, method=config.partition_method, seed=config.seed)
+            write_store(dataset, placement, store_path, method=config.partition_method, seed=config.seed,
+                        sparse_features=config.sparse_features)
             store = open_store(store_path, verify=False)
             identity = {**identity, "partitions": store.fingerprint()}
         with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
@@ -275,9 +282,17 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         raise
     history = read_metrics(run.path)
     summary = {"backend": config.backend, "run_dir": str(run.path), **extra, **summarize(history)}
-    if "cost_usd" in history[0]:
+    if all("cost_usd" in m for m in history):
+        epochs = len(history)
         summary["total_cost_usd"] = sum(m["cost_usd"] for m in history)
+        summary["cost_usd"] = summary["total_cost_usd"] / epochs
+        if all("cost_by_component_usd" in m for m in history):
+            summary["cost_by_component_usd"] = {k: sum(m["cost_by_component_usd"][k] for m in history) / epochs
+                                                for k in history[0]["cost_by_component_usd"]}
+        if summary["epoch_s"] > 0 and summary["cost_usd"] > 0:
+            summary["value"] = value(summary["epoch_s"], summary["cost_usd"])
         summary["invocations"] = sum(m["invocations"] for m in history)
+    summary["pricing"] = trainer.pricing.to_dict()
     if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
         summary["gradients"] = trainer.grad_counts()
     run.write_summary(summary)

@@ -98,7 +98,7 @@ class GraphServer:
 
         self.state = PartitionState(store.load_part(part_id), self.plan,
                                     row_normalize_features=config.row_normalize_features,
-                                    num_intervals=config.intervals)
+                                    num_intervals=config.intervals, sparse_features=config.sparse_features)
         self.bounds = Bounds(num_rows=self.state.n_owned, intervals=self.state.intervals,
                              num_layers=len(self.spec.layers))
         self.param_server = param_server
@@ -182,8 +182,7 @@ class GraphServer:
     async def _dispatch(self, identity: bytes, header: Header, tensors: list[np.ndarray]) -> None:
         if header.op is Op.PULL:
             self.bounds.check(header)
-            rows = self._read_rows(header)
-            await self._reply(identity, protocol.reply_to(header, Op.ROWS), rows)
+            await self._reply(identity, *protocol.rows_reply(header, self._read_rows(header)))
         elif header.op is Op.PUSH:
             self.bounds.check(header)
             self.counters["bytes_in"] += sum(t.nbytes for t in tensors)
@@ -211,7 +210,8 @@ class GraphServer:
 
     # ------------------------------------------------------------------ rows in and out
 
-    def _read_rows(self, header: Header) -> list[np.ndarray]:
+    def _read_rows(self, header: Header) -> list:
+        """The rows of ``header.names``: arrays, or ``SparseRows`` for sparse features (sent as CSR)."""
         start, stop = header.rows
         unknown = [n for n in header.names if n not in self.state.static and n not in self.state.buffers]
         if unknown:

@@ -3,7 +3,9 @@
 Local rows are ``[owned; ghosts]`` (see :mod:`dorylus.partition.store`). The model's plan
 (:mod:`dorylus.models.base`) names the buffers; each is float32 ``[n_owned, width]``, or
 ``[n_local, width]`` when Gather reads it (its ghost rows come from the peers). The static
-inputs ``X``, ``ids``, ``labels`` and ``split`` hold the owned rows only.
+inputs ``X``, ``ids``, ``labels`` and ``split`` hold the owned rows only; ``X`` is
+:class:`~dorylus.models.sparse.SparseRows` when the features are kept sparse
+(``sparse_features``, :func:`dorylus.models.sparse.in_layout`), whatever layout the store has.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 from dorylus.models.base import STATIC, Plan
 from dorylus.models.graph import CsrGraph
 from dorylus.models.ops import encode_split
+from dorylus.models.sparse import SparseRows, in_layout
 from dorylus.normalize import row_normalize
 from dorylus.partition import Partition
 
@@ -26,7 +29,8 @@ def split_intervals(num_rows: int, count: int) -> list[tuple[int, int]]:
 
 
 class PartitionState:
-    def __init__(self, part: Partition, plan: Plan, *, row_normalize_features: bool, num_intervals: int):
+    def __init__(self, part: Partition, plan: Plan, *, row_normalize_features: bool, num_intervals: int,
+                 sparse_features: str = "auto"):
         self.part = part
         n_owned, n_local = part.n_owned, part.n_local
         self.global_ids = part.global_ids()
@@ -35,9 +39,11 @@ class PartitionState:
         # that its function can start without waiting for the other intervals.
         self.graph = CsrGraph(part.indptr, part.indices, part.weights, n_local, self.global_ids[:n_owned],
                               self.global_ids)
-        features = np.asarray(part.features, dtype=np.float32)
+        features = in_layout(part.features, sparse_features)
+        if row_normalize_features:
+            features = row_normalize(features)
         self.static = {
-            "X": np.ascontiguousarray(row_normalize(features) if row_normalize_features else features),
+            "X": features if isinstance(features, SparseRows) else np.ascontiguousarray(features),
             "ids": np.ascontiguousarray(self.global_ids[:n_owned]),
             "labels": np.ascontiguousarray(part.labels, dtype=np.int64),
             "split": encode_split(part.train_mask, part.val_mask, part.test_mask),

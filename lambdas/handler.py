@@ -13,8 +13,10 @@ graph server's owned rows); when: ``epoch``, ``pass`` (``train`` | ``eval``), ``
 ``run``, a token of the graph server's run.
 
 A warm container keeps the rows of static inputs (:data:`dorylus.models.base.STATIC`:
-features, ids, labels, splits) per (run, part, interval) and pulls them once. With the
-emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), each transfer takes at least
+features, ids, labels, splits) per (run, part, interval) and pulls them once. Sparse features
+arrive as CSR (:func:`dorylus.protocol.named_rows`) and are kept as
+:class:`~dorylus.models.sparse.SparseRows`, whose cached orders then serve every later call.
+With the emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), each transfer takes at least
 bytes / bandwidth.
 """
 
@@ -31,14 +33,15 @@ import zmq
 from dorylus import protocol
 from dorylus.models import get_model
 from dorylus.models.base import STATIC
-from dorylus.protocol import Header, Op
+from dorylus.models.sparse import SparseRows
+from dorylus.protocol import CsrRows, Header, Op
 
 # Never wait on a server longer than this, nor past the function's own deadline.
 MAX_WAIT_S = 120.0
 _DEADLINE_MARGIN_MS = 500
 _request_ids = itertools.count(1)
 # (run, part, interval, name) -> rows; one run's at a time, for as long as the container is warm
-_static_rows: dict[tuple[str, int, int, str], np.ndarray] = {}
+_static_rows: dict[tuple[str, int, int, str], np.ndarray | SparseRows] = {}
 # endpoint -> connection, kept by a warm container: a call does not pay for TCP and ZMTP handshakes
 _peers: dict[str, "_Peer"] = {}
 
@@ -104,8 +107,10 @@ def _pull_rows(event: dict[str, Any], graph: _Peer) -> list[np.ndarray]:
     cached = {n: _static_rows.get((run, part, interval, n)) for n in reads if n in STATIC}
     missing = [n for n in reads if cached.get(n) is None]
     if missing:
-        _, pulled = graph.request(task_header(Op.PULL, event, names=tuple(missing)))
-        for name, rows in zip(missing, pulled):
+        reply, arrays = graph.request(task_header(Op.PULL, event, names=tuple(missing)))
+        for name, rows in zip(missing, protocol.named_rows(reply, arrays)):
+            if isinstance(rows, CsrRows):
+                rows = SparseRows(rows.data, rows.indices, rows.indptr, (len(rows.indptr) - 1, rows.width))
             if name in STATIC:
                 cached[name] = _static_rows[(run, part, interval, name)] = rows
             else:

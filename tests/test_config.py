@@ -61,3 +61,10 @@ def test_unknown_flag_is_rejected():
 def test_round_trip_through_dict():
     c = TrainConfig(hidden=7, run_dir="x")
     assert TrainConfig.from_dict(c.to_dict()) == c
+
+
+def test_sparse_features_option():
+    assert TrainConfig().sparse_features == "auto"
+    assert TrainConfig.from_dict({"sparse_features": "on"}).sparse_features == "on"
+    with pytest.raises(ConfigError, match="sparse_features='dense' is not one of auto, on, off"):
+        TrainConfig.from_dict({"sparse_features": "dense"})

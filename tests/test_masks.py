@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dorylus.masks import dropout, keep_edge_mask, keep_mask
+from dorylus.masks import dropout, keep_at, keep_edge_mask, keep_mask
 
 
 def test_partition_independent_and_keyed():
@@ -52,3 +52,27 @@ def test_edge_mask_is_keyed_by_both_ends_and_order_free():
     assert abs((vertex == mask).mean() - 0.52) < 0.02
     with pytest.raises(ValueError, match="one length"):
         keep_edge_mask(1, 2, 3, dst, src[:-1], 8, 0.6)
+
+
+@pytest.mark.parametrize("width", [1, 4, 7, 33, 1433])
+def test_keep_at_reads_the_dense_mask_at_given_positions(width):
+    """Sparse features' dropout: the same keep decisions as keep_mask at the stored (vertex, column)
+    positions, for widths that do and do not fill the last 4-column hash block."""
+    rng = np.random.default_rng(width)
+    ids = rng.choice(10**6, 300, replace=False)
+    full = keep_mask(5, 2, 0, ids, width, 0.4)
+    rows, cols = rng.integers(0, 300, 2000), rng.integers(0, width, 2000)
+    np.testing.assert_array_equal(keep_at(5, 2, 0, ids[rows], cols, width, 0.4), full[rows, cols])
+    every_row, every_col = np.divmod(np.arange(300 * width), width)  # every position, int32 columns too
+    np.testing.assert_array_equal(keep_at(5, 2, 0, ids[every_row], every_col.astype(np.int32), width, 0.4),
+                                  full.ravel())
+
+
+def test_keep_at_checks_its_arguments():
+    with pytest.raises(ValueError, match="one length"):
+        keep_at(0, 1, 0, np.arange(3), np.arange(2), 4, 0.5)
+    with pytest.raises(ValueError, match=r"columns must be in \[0, 4\)"):
+        keep_at(0, 1, 0, np.arange(3), np.array([0, 1, 4]), 4, 0.5)
+    with pytest.raises(ValueError, match="dropout probability"):
+        keep_at(0, 1, 0, np.arange(3), np.arange(3), 4, 1.0)
+    assert keep_at(0, 1, 0, np.arange(0), np.arange(0), 4, 0.5).shape == (0,)

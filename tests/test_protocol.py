@@ -68,6 +68,9 @@ def _samples() -> list[tuple[Header, list[np.ndarray]]]:
         (Header(Op.ROWS, req=3, names=("codes", "deg"), **row),
          [_rng.integers(0, 255, (5, 3), dtype=np.uint8), _rng.integers(-9, 9, 5, dtype=np.int32)]),
         (Header(Op.ROWS, req=4, names=("Z",), epoch=0, layer=0, interval=1, rows=(7, 7)), [np.zeros((0, 8))]),
+        # sparse features: X's 5 rows as CSR (values, int32 columns, row pointers), then dense ids
+        (Header(Op.ROWS, req=14, names=("X", "ids"), csr={"X": 9}, **row),
+         [f32(4), np.array([0, 8, 2, 3], np.int32), np.array([0, 2, 2, 3, 3, 4]), _rng.integers(0, 99, 5)]),
         (Header(Op.PUSH, req=5, task="AV_LOSS", attempt=2, names=("dZ",), meta={"loss_sum": 1.25, "correct": 3},
                 **row), [f64(5, 3)]),
         (Header(Op.PUSH, req=13, task="AV_LOSS", epoch=1, layer=1, interval=0, rows=(0, 4),
@@ -542,7 +545,8 @@ def test_fuzzed_messages_raise_only_protocol_errors():
         for t, f in zip(tensors, frames[1:]):
             assert t.nbytes == len(f) and not t.flags.writeable
         if header.rows is not None and tensors and P._OPS[header.op].row_tensors:
-            assert all(t.shape[0] == header.rows[1] - header.rows[0] for t in tensors)
+            dense = [t for (_, role), t in zip(P._tensor_roles(header), tensors) if role == P.ROWS_ROLE]
+            assert all(t.shape[0] == header.rows[1] - header.rows[0] for t in dense)
         again = P.decode(P.encode(header, tensors))
         assert again[0] == header
     assert outcomes["error"] > 500 and outcomes["ok"] > 50  # both paths were exercised
@@ -559,3 +563,90 @@ def test_imports_without_torch_or_other_dorylus_modules():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------- sparse rows
+
+
+def test_rows_reply_carries_sparse_rows_as_csr():
+    from dorylus.models.sparse import SparseRows
+
+    x = np.where(_rng.random((10, 6)) < 0.3, _rng.standard_normal((10, 6)), 0).astype(np.float32)
+    features = SparseRows.from_dense(x)
+    pull = Header(Op.PULL, req=5, task="AV", epoch=1, layer=0, interval=1, rows=(3, 8), names=("X", "ids"))
+    reply, tensors = P.rows_reply(pull, [features[3:8], np.arange(3, 8)])
+    assert reply.op is Op.ROWS and reply.req == 5 and reply.csr == {"X": 6} and len(tensors) == 4
+    header, arrays = P.decode(P.encode(reply, tensors))
+    assert header.csr == {"X": 6}
+    got_x, got_ids = P.named_rows(header, arrays)
+    assert isinstance(got_x, P.CsrRows) and got_x.width == 6
+    rebuilt = SparseRows(got_x.data, got_x.indices, got_x.indptr, (5, got_x.width))
+    np.testing.assert_array_equal(rebuilt.toarray(), x[3:8])
+    np.testing.assert_array_equal(got_ids, np.arange(3, 8))
+    dense_reply, dense = P.rows_reply(pull, [x[3:8], np.arange(3, 8)])  # dense rows: no csr, as before
+    assert dense_reply.csr == {} and "csr" not in json.loads(P.encode(dense_reply, dense)[0])
+
+
+def _rows_dict(**changes) -> dict:
+    """A ROWS reply carrying X [rows 4..7) as CSR with 4 columns: values, columns, pointers."""
+    d = {"v": 1, "op": "ROWS", "req": 9, "epoch": 1, "layer": 0, "interval": 2, "rows": [4, 7], "names": ["X"],
+         "csr": {"X": 4}, "t": [["float32", [3]], ["int32", [3]], ["int64", [4]]]}
+    d.update(changes)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+_VALUES = np.ones(3, np.float32).tobytes()
+_COLUMNS = np.array([1, 3, 0], np.int32).tobytes()      # row 0: columns 1, 3; row 2: column 0
+_POINTERS = np.array([0, 2, 2, 3], np.int64).tobytes()
+
+
+def test_valid_csr_rows_decode():
+    header, (values, columns, pointers) = P.decode(_wire(_rows_dict(), _VALUES, _COLUMNS, _POINTERS))
+    assert header.csr == {"X": 4} and pointers.tolist() == [0, 2, 2, 3]
+
+
+@pytest.mark.parametrize("frames, message", [
+    (_wire(_rows_dict(csr={"Y": 4}), _VALUES, _COLUMNS, _POINTERS), r"csr names \['Y'\] are not in names"),
+    (_wire(_rows_dict(csr={"X": -1}), _VALUES, _COLUMNS, _POINTERS), "csr must map tensor names to column counts"),
+    (_wire(_rows_dict(csr=["X"]), _VALUES, _COLUMNS, _POINTERS), "csr must map tensor names to column counts"),
+    (_wire(_push_dict(csr={"H": 2}), _H3), "PUSH cannot carry CSR rows"),
+    (_wire(_rows_dict(t=[["float64", [3]], ["int32", [3]], ["int64", [4]]]), _VALUES * 2, _COLUMNS, _POINTERS),
+     "CSR values of 'X' must be 1-D float32, got float64"),
+    (_wire(_rows_dict(t=[["float32", [3, 1]], ["int32", [3]], ["int64", [4]]]), _VALUES, _COLUMNS, _POINTERS),
+     "CSR values of 'X' must be 1-D float32"),
+    (_wire(_rows_dict(t=[["float32", [3]], ["float32", [3]], ["int64", [4]]]), _VALUES, _VALUES, _POINTERS),
+     "CSR column indices of 'X' must be 1-D int32 or int64, got float32"),
+    (_wire(_rows_dict(t=[["float32", [3]], ["int32", [2]], ["int64", [4]]]), _VALUES, _COLUMNS[:8], _POINTERS),
+     "CSR of 'X' has 3 values but 2 column indices"),
+    (_wire(_rows_dict(t=[["float32", [3]], ["int32", [3]], ["int32", [4]]]), _VALUES, _COLUMNS, _POINTERS[:16]),
+     "CSR row pointers of 'X' must be 1-D int64"),
+    (_wire(_rows_dict(t=[["float32", [3]], ["int32", [3]], ["int64", [3]]]), _VALUES, _COLUMNS, _POINTERS[:24]),
+     r"CSR row pointers of 'X' must have 4 entries \(rows \[4, 7\) \+ 1\), got 3"),
+    (_wire(_rows_dict(), _VALUES, _COLUMNS, np.array([0, 2, 1, 3], np.int64).tobytes()),
+     "row pointers of 'X' must rise from 0 to nnz = 3"),
+    (_wire(_rows_dict(), _VALUES, _COLUMNS, np.array([0, 2, 2, 2], np.int64).tobytes()),
+     "row pointers of 'X' must rise from 0 to nnz = 3"),
+    (_wire(_rows_dict(), _VALUES, np.array([1, 4, 0], np.int32).tobytes(), _POINTERS),
+     r"column indices of 'X' must be in \[0, 4\)"),
+    (_wire(_rows_dict(), _VALUES, np.array([3, 1, 0], np.int32).tobytes(), _POINTERS),
+     "column indices of 'X' must ascend strictly within each row"),
+    (_wire(_rows_dict(), _VALUES, np.array([1, 1, 0], np.int32).tobytes(), _POINTERS),
+     "column indices of 'X' must ascend strictly within each row"),
+])
+def test_malformed_csr_is_a_protocol_error(frames, message):
+    with pytest.raises(ProtocolError, match=message) as info:
+        P.decode(frames)
+    assert info.value.code == "bad_sparse" and info.value.req in (9, 17)  # the ERROR reply can name the request
+
+
+def test_malformed_csr_payload_count_and_length():
+    # two tensors where the CSR needs three, and a frame shorter than its spec: the generic codes
+    assert _code(_wire(_rows_dict(t=[["float32", [3]], ["int32", [3]]]), _VALUES, _COLUMNS)) == "tensor_count"
+    assert _code(_wire(_rows_dict(), _VALUES, _COLUMNS, _POINTERS[:-8])) == "frame_length"
+
+
+def test_sender_learns_about_a_bad_csr_payload():
+    header = Header(Op.ROWS, epoch=1, layer=0, interval=0, rows=(0, 3), names=("X",), csr={"X": 4})
+    with pytest.raises(ProtocolError, match="must ascend strictly") as info:
+        P.encode(header, [np.ones(3, np.float32), np.array([3, 1, 0], np.int32), np.array([0, 2, 2, 3])])
+    assert info.value.code == "bad_sparse"

@@ -18,8 +18,11 @@ AV_BWD  f   dP_l, src, ids -> dW_l,           GA_BWD  g  dZ_l -> dH_l = A_hat^T 
             dY_{l-1} (l > 0)                  PREP_BWD v dH_l, src, ids -> dY_{l-1} (l > 0)
 
 (f: function, g: graph server Gather, v: graph server vertex stage.) No gradient flows into the
-input features: layer 0's backward stops at ``dW_0``. Dropout masks are keyed by (seed, epoch,
-layer, global vertex id) (:mod:`dorylus.masks`) and regenerated in the backward pass, and
+input features: layer 0's backward stops at ``dW_0``. Sparse input features
+(:mod:`dorylus.models.sparse`) stay sparse through layer 0's ``AV``/``AV_BWD`` (``H W``,
+``H^T dP``); a layer 0 that gathers first densifies its rows in ``PREP``, since Gather reads a
+dense row buffer. Dropout masks are keyed by (seed, epoch, layer, global vertex id)
+(:mod:`dorylus.masks`) and regenerated in the backward pass, and
 activations are recomputed from ``src`` rather than stored between calls. The loss is the mean
 cross-entropy over the GLOBAL training set. Everything is float32 numpy: this module ships in
 the Lambda bundle.
@@ -32,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, VERTEX, Plan, Result, Stage
-from dorylus.models.ops import (as_float32, check_shape, loss_stage, matmul, prepare, prepare_backward,
+from dorylus.models.ops import (as_float32, check_shape, dense, loss_stage, matmul, prepare, prepare_backward,
                                 softmax_cross_entropy)
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
@@ -100,9 +103,9 @@ def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], 
 
 def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
     """The torch twin of one layer for the single-process reference (autograd does the backward)."""
-    from dorylus.models.reference import aggregate
+    from dorylus.models.reference import aggregate, dense_input
 
-    return aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, h) @ weight
+    return aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, dense_input(h)) @ weight
 
 
 def _for_evaluation(stage: Stage) -> Stage:
@@ -131,7 +134,8 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
     act = args.get("act_in")
     if task == "PREP":
         src, ids = rows
-        return Result([prepare(src, ids, key, p, act, training)])
+        # H_l is written into a row buffer that Gather reads: sparse features (layer 0) densify here.
+        return Result([dense(prepare(src, ids, key, p, act, training))])
     if task == "PREP_BWD":
         grad_h, src, ids = rows
         return Result([prepare_backward(grad_h, src, ids, key, p, act)])

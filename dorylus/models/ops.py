@@ -1,6 +1,11 @@
 """Torch-free numpy pieces that every model's vertex functions share: split codes, the keyed
 input dropout and activation of a layer (forward and backward), and the softmax cross-entropy
 over the global training set. Ships in the Lambda bundle, like the model modules.
+
+Layer 0's input rows may be :class:`~dorylus.models.sparse.SparseRows` (sparse features):
+:func:`prepare` then drops out the stored non-zeros only and returns ``SparseRows``, which the
+models use through ``h @ W`` and ``h.T @ G`` like dense rows; :func:`as_float32`,
+:func:`check_shape` and :func:`matmul` pass them through.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from dorylus.masks import keep_mask
+from dorylus.masks import keep_at, keep_mask
+from dorylus.models.sparse import SparseRows
 
 # Split codes: one uint8 per row, a bit per split (a row in no split has code 0).
 TRAIN = np.uint8(1)
@@ -31,10 +37,18 @@ def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
             training: bool) -> np.ndarray:
     """``H = dropout(act(src))``: a layer's input from the previous layer's pre-activation output
     (``activation`` None for layer 0's features), inverted dropout keyed by ``key`` = (seed,
-    epoch, layer) and the rows' global ``ids``. ``float32 [rows, width]``."""
+    epoch, layer) and the rows' global ``ids``. ``float32 [rows, width]``, or ``SparseRows`` of
+    the same pattern for sparse ``src`` (its dropped entries stored as zeros)."""
     h = as_float32(src, "src")
     if np.shape(ids) != (h.shape[0],):
         raise ValueError(f"ids has shape {np.shape(ids)}, expected ({h.shape[0]},) (one id per row)")
+    if isinstance(h, SparseRows):
+        _dense_only(activation)
+        if not (training and p > 0.0):
+            return h
+        # The dense mask read at the stored positions: the same draws, so the same H where X != 0.
+        keep = keep_at(*key, np.asarray(ids)[h.entry_rows()], h.indices, h.shape[1], p)
+        return h.with_data(np.where(keep, h.data * np.float32(1.0 / (1.0 - p)), np.float32(0.0)))
     if activation == "relu":
         h = np.maximum(h, np.float32(0.0))
     elif activation == "elu":
@@ -49,11 +63,14 @@ def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
 def prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float,
                      activation: str | None) -> np.ndarray:
     """``dL/dsrc = dL/dH * M / (1 - p) * act'(src)`` with the same mask ``M`` as the forward
-    (``relu' = [src > 0]``, ``elu' = 1`` where ``src > 0``, else ``exp(src)``)."""
+    (``relu' = [src > 0]``, ``elu' = 1`` where ``src > 0``, else ``exp(src)``). Sparse ``src``
+    (no activation) gives the dense ``dL/dsrc`` all the same."""
     src = as_float32(src, "src")
     grad = check_shape(grad_h, "grad", src.shape)
     if np.shape(ids) != (src.shape[0],):
         raise ValueError(f"ids has shape {np.shape(ids)}, expected ({src.shape[0]},) (one id per row)")
+    if isinstance(src, SparseRows):
+        _dense_only(activation)
     if p > 0.0:
         grad = np.where(keep_mask(*key, ids, grad.shape[1], p), grad * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
     if activation == "relu":
@@ -141,7 +158,21 @@ def check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.n
 
 
 def as_float32(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` as a 2-D float32 array; :class:`SparseRows` (float32 by construction) as they are."""
+    if isinstance(x, SparseRows):
+        return x
     x = np.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got shape {x.shape}")
     return x.astype(np.float32, copy=False)
+
+
+def dense(x) -> np.ndarray:
+    """Dense float32 rows of either layout (a stage that writes ``x`` into a row buffer)."""
+    return x.toarray() if isinstance(x, SparseRows) else as_float32(x, "rows")
+
+
+def _dense_only(activation: str | None) -> None:
+    if activation is not None:
+        raise ValueError(f"activation {activation!r} on sparse rows: only layer 0's input features are sparse, "
+                         "and layer 0 has no input activation")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from dorylus.errors import ConfigError, StoreError
-from dorylus.partition.store import META_FILE, PART_FILES, PartitionStore, StoreMeta, open_store, part_file
+from dorylus.partition.store import META_FILE, PartitionStore, StoreMeta, open_store
 
 MiB = 1024 * 1024
 # Part size and threshold for multipart transfers: big enough that a multi-GB feature file is a
@@ -144,7 +144,7 @@ def upload_store(store_dir: str | os.PathLike, url: str, *, endpoint_url: str | 
     say = progress or (lambda message: None)
     total, count = 0, 0
     for part in [*range(store.num_parts), None]:
-        names = [META_FILE] if part is None else [part_file(part, name) for name in PART_FILES]
+        names = [META_FILE] if part is None else store.meta.part_files(part)
         part_total = 0
         for rel in names:
             path = store.path / rel
@@ -232,8 +232,7 @@ def fetch_store(url: str, *, parts: Iterable[int] | None = None, cache_dir: str 
         (tmp / META_FILE).write_text(text)
         for i in missing:
             (tmp / f"part-{i}").mkdir()
-            for name in PART_FILES:
-                rel = part_file(i, name)
+            for rel in meta.part_files(i):
                 with _s3_errors(f"partition store {url}: downloading {rel}"):
                     client.download_file(bucket, _key(prefix, rel), str(tmp / rel), Config=transfer)
             try:

@@ -10,7 +10,12 @@ Layout, for ``P`` parts of a graph with ``N`` vertices::
     part-<i>/indptr.npy         int64 [n_owned + 1]  CSR of in-edges of owned vertices ...
     part-<i>/indices.npy        int64 [nnz_i]        ... source in *local* ids ...
     part-<i>/weights.npy        float32 [nnz_i]      ... and the global A_hat entry (bitwise)
-    part-<i>/features.npy       float32 [n_owned, F] raw (row normalization happens at training)
+    part-<i>/features.npy       float32 [n_owned, F] raw (row normalization happens at training),
+                                                     or, for a part whose features are sparse (CSR):
+    part-<i>/features_data.npy     float32 [k]          ... the non-zeros, row by row,
+    part-<i>/features_indices.npy  int32 [k]            ... their columns, ascending in a row
+                                                     (int64 when F >= 2^31),
+    part-<i>/features_indptr.npy   int64 [n_owned + 1]  ... row i's at [indptr[i], indptr[i+1])
     part-<i>/labels.npy         int64 [n_owned]
     part-<i>/{train,val,test}_mask.npy  bool [n_owned]
     part-<i>/send_indices.npy   int64 [n_send]       local owned ids that other parts hold ...
@@ -21,6 +26,13 @@ entries keep the global order (ascending global source id). ``A_hat`` is normali
 whole graph, so partition ``i``'s Gather ``Z[v] = sum_u A_hat[v, u] H[u]`` over local rows
 equals the global one. Part ``i``'s send block for ``j`` lists, in the same order, the vertices
 of part ``j``'s ghost block for ``i``: ghost exchange is a plain row copy.
+
+Features are stored sparse when :func:`dorylus.models.sparse.use_sparse` says so for the whole
+matrix's density and ``sparse_features`` (``auto``: below 10% non-zeros, as bag-of-words). A
+part's entry in ``meta.json`` records its layout (``"features": "dense" | "csr"``, with
+``features_nnz`` for CSR). ``format_version`` is the oldest reader that can read the store:
+1 when every part is dense (the entries then carry no layout, as before sparse features), 2
+when any part is CSR. Both are read.
 
 Writing is atomic: everything goes to a temp directory next to the target, which is renamed
 into place only when complete. Verification of sha256 checksums happens in :func:`open_store`
@@ -45,17 +57,22 @@ import numpy as np
 from dorylus import __version__
 from dorylus.data.graph import MASK_NAMES, GraphDataset
 from dorylus.errors import ConfigError, StoreError
+from dorylus.models.sparse import SparseRows, density, index_dtype, use_sparse
 from dorylus.normalize import NormalizedAdjacency, gcn_normalize
 from dorylus.normalize import sorted_unique
 from dorylus.runs import check_creatable_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2       # written when a part's features are CSR
+DENSE_FORMAT_VERSION = 1  # written when every part is dense: older readers can still read it
+READ_VERSIONS = (1, 2)
 NORMALIZATION = "gcn-sym-selfloop"
 META_FILE = "meta.json"
-PART_FILES = (
+# The files of a part: these, and the features' files of its layout.
+GRAPH_FILES = (
     "owned", "ghosts", "ghost_offsets", "indptr", "indices", "weights",
-    "features", "labels", *MASK_NAMES, "send_indices", "send_offsets",
+    "labels", *MASK_NAMES, "send_indices", "send_offsets",
 )
+FEATURE_FILES = {"dense": ("features",), "csr": ("features_data", "features_indices", "features_indptr")}
 _HASH_CHUNK = 8 << 20
 
 
@@ -105,10 +122,11 @@ class StoreMeta:
         if not isinstance(raw, dict):
             raise StoreError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         version = raw.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS or isinstance(version, bool):
             store = os.path.dirname(where) or "."
             raise StoreError(
-                f"partition store {store} has format version {version}; this dorylus reads {FORMAT_VERSION}"
+                f"partition store {store} has format version {version}; this dorylus reads "
+                f"{', '.join(map(str, READ_VERSIONS))}"
             )
         kinds = {"str": str, "int": int, "bool": bool, "list": list, "dict": dict}
         for f in fields(cls):
@@ -126,19 +144,35 @@ class StoreMeta:
                 isinstance(entry.get(k), int) and entry[k] >= 0 for k in ("num_owned", "num_ghosts", "nnz")
             ):
                 raise StoreError(f"{where}: parts[{i}] needs non-negative integers num_owned, num_ghosts, nnz")
+            layout = entry.get("features", "dense" if meta.format_version == 1 else None)
+            if layout not in FEATURE_FILES or (meta.format_version == 1 and "features" in entry):
+                raise StoreError(f"{where}: parts[{i}] 'features' must be one of {', '.join(FEATURE_FILES)} "
+                                 f"(format version 2; version 1 stores are dense), got {entry.get('features')!r}")
+            nnz = entry.get("features_nnz")
+            if layout == "csr" and (not isinstance(nnz, int) or isinstance(nnz, bool) or nnz < 0):
+                raise StoreError(f"{where}: parts[{i}] has CSR features but no non-negative integer 'features_nnz'")
         if sum(p["num_owned"] for p in meta.parts) != meta.num_nodes:
             raise StoreError(f"{where}: parts own {sum(p['num_owned'] for p in meta.parts)} vertices, num_nodes is {meta.num_nodes}")
         for i in range(meta.num_parts):
-            for name in PART_FILES:
-                if part_file(i, name) not in meta.files:
-                    raise StoreError(f"{where}: 'files' does not list {part_file(i, name)}")
+            for rel in meta.part_files(i):
+                if rel not in meta.files:
+                    raise StoreError(f"{where}: 'files' does not list {rel}")
         return meta
+
+    def feature_layout(self, part: int) -> str:
+        """``"dense"`` or ``"csr"``: how part ``part`` stores its features."""
+        return self.parts[part].get("features", "dense")
+
+    def part_files(self, part: int) -> list[str]:
+        """The paths (relative to the store root) of part ``part``'s files."""
+        return [part_file(part, name) for name in (*GRAPH_FILES, *FEATURE_FILES[self.feature_layout(part)])]
 
 
 @dataclass
 class Partition:
     """One part's arrays (see the module docstring for the layout); memory-mapped read-only
-    when loaded with ``mmap=True``."""
+    when loaded with ``mmap=True``. ``features`` is a ``float32 [n_owned, F]`` array, or
+    :class:`~dorylus.models.sparse.SparseRows` when the part stores them as CSR."""
 
     part_id: int
     num_parts: int
@@ -148,7 +182,7 @@ class Partition:
     indptr: np.ndarray
     indices: np.ndarray
     weights: np.ndarray
-    features: np.ndarray
+    features: np.ndarray | SparseRows
     labels: np.ndarray
     train_mask: np.ndarray
     val_mask: np.ndarray
@@ -214,7 +248,7 @@ class PartitionStore:
         if parts is None:
             names = list(self.meta.files)
         else:
-            names = [part_file(self._check_part(i), name) for i in parts for name in PART_FILES]
+            names = [rel for i in parts for rel in self.meta.part_files(self._check_part(i))]
         for rel in names:
             path = self.path / rel
             if not path.is_file():
@@ -279,7 +313,21 @@ class PartitionStore:
                 "indices", f"local ids must be in [0, {n_owned + n_ghost})")
         weights = load("weights", np.float32, (nnz,))
         require(bool(np.all(np.isfinite(weights))), "weights", "contains NaN or inf")
-        features = load("features", np.float32, (n_owned, meta.num_features))
+        if meta.feature_layout(i) == "csr":
+            k, width = expect["features_nnz"], meta.num_features
+            data = load("features_data", np.float32, (k,))
+            columns = load("features_indices", index_dtype(width), (k,))
+            rows = load("features_indptr", np.int64, (n_owned + 1,))
+            require(rows[0] == 0 and rows[-1] == k and bool(np.all(np.diff(rows) >= 0)),
+                    "features_indptr", f"must rise from 0 to features_nnz {k}")
+            require(k == 0 or (columns.min() >= 0 and columns.max() < width),
+                    "features_indices", f"columns must be in [0, {width})")
+            try:
+                features = SparseRows(data, columns, rows, (n_owned, width))
+            except ValueError as exc:  # e.g. columns not ascending within a row
+                raise StoreError(f"partition store {self.path}: {part_file(i, 'features_indices')}: {exc}") from None
+        else:
+            features = load("features", np.float32, (n_owned, meta.num_features))
         labels = load("labels", np.int64, (n_owned,))
         masks = {name: load(name, np.bool_, (n_owned,)) for name in MASK_NAMES}
         send_offsets = load("send_offsets", np.int64, (p_count + 1,))
@@ -394,6 +442,7 @@ def write_store(
     seed: int,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
+    sparse_features: str = "auto",
 ) -> StoreMeta:
     """Write ``dataset`` split by ``parts`` as a partition store at ``out_dir`` (atomically).
 
@@ -404,12 +453,18 @@ def write_store(
             partition store, which is then replaced only after the new one is complete.
         method, seed: recorded in ``meta.json``.
         progress: called with one human-readable line per step.
+        sparse_features: ``auto`` (CSR when under 10% of the features are non-zero), ``on``
+            (CSR) or ``off`` (dense): the layout of every part's features.
 
     Returns:
         The :class:`StoreMeta` written to ``meta.json``.
     """
     out = Path(out_dir)
     dataset.validate()
+    try:
+        sparse = use_sparse(sparse_features, density(dataset.features))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     n = dataset.num_nodes
     parts, num_parts = _check_assignment(parts, n)
     check_store_target(out, overwrite)
@@ -417,7 +472,7 @@ def write_store(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        meta = _write_parts(dataset, parts, num_parts, tmp, method, seed, say)
+        meta = _write_parts(dataset, parts, num_parts, tmp, method, seed, say, sparse)
         (tmp / META_FILE).write_text(meta.to_json())
         _install(tmp, out, overwrite)
     except BaseException:
@@ -428,7 +483,7 @@ def write_store(
 
 
 def _write_parts(dataset: GraphDataset, parts: np.ndarray, num_parts: int, root: Path,
-                 method: str, seed: int, say: Callable[[str], None]) -> StoreMeta:
+                 method: str, seed: int, say: Callable[[str], None], sparse: bool) -> StoreMeta:
     n = dataset.num_nodes
     adj = gcn_normalize(dataset.src, dataset.dst, n, symmetrize=not dataset.directed)
     say(f"normalized A_hat on the whole graph: {n} vertices, {adj.nnz} entries (with self-loops)")
@@ -467,14 +522,21 @@ def _write_parts(dataset: GraphDataset, parts: np.ndarray, num_parts: int, root:
         local_of[ghosts] = owned.shape[0] + np.arange(ghosts.shape[0], dtype=np.int64)
         for name, array in (
             ("owned", owned), ("ghosts", ghosts), ("ghost_offsets", ghost_offsets), ("indptr", indptr),
-            ("indices", local_of[cols]), ("weights", adj.weights[pos]),
-            ("features", dataset.features[owned]), ("labels", dataset.labels[owned]),
+            ("indices", local_of[cols]), ("weights", adj.weights[pos]), ("labels", dataset.labels[owned]),
             *((mask, getattr(dataset, mask)[owned]) for mask in MASK_NAMES),
         ):
             save(i, name, array)
         del cols, pos
+        entry = {"num_owned": int(owned.shape[0]), "num_ghosts": int(ghosts.shape[0]), "nnz": int(indptr[-1])}
+        if sparse:
+            features = SparseRows.from_dense(dataset.features[owned])
+            for name, array in zip(FEATURE_FILES["csr"], (features.data, features.indices, features.indptr)):
+                save(i, name, array)
+            entry.update(features="csr", features_nnz=features.nnz)
+        else:
+            save(i, "features", dataset.features[owned])
         ghost_blocks.append((ghosts, ghost_offsets))
-        part_meta.append({"num_owned": int(owned.shape[0]), "num_ghosts": int(ghosts.shape[0]), "nnz": int(indptr[-1])})
+        part_meta.append(entry)
         say(f"part {i + 1}/{num_parts}: {owned.shape[0]} vertices, {ghosts.shape[0]} ghosts, {int(indptr[-1])} in-edges")
 
     # Part i sends to part j exactly j's ghost block for i, in that order, as i's local ids.
@@ -486,8 +548,8 @@ def _write_parts(dataset: GraphDataset, parts: np.ndarray, num_parts: int, root:
         save(i, "send_offsets", send_offsets)
 
     return StoreMeta(
-        format_version=FORMAT_VERSION, dataset=dataset.name, num_nodes=n, num_edges=dataset.num_edges,
-        nnz=adj.nnz, num_features=dataset.num_features, num_classes=dataset.num_classes,
+        format_version=FORMAT_VERSION if sparse else DENSE_FORMAT_VERSION, dataset=dataset.name, num_nodes=n,
+        num_edges=dataset.num_edges, nnz=adj.nnz, num_features=dataset.num_features, num_classes=dataset.num_classes,
         directed=bool(dataset.directed), symmetrized=not dataset.directed, normalization=NORMALIZATION,
         num_parts=num_parts, partitioner=method, seed=int(seed),
         train_count=int(dataset.train_mask.sum()), val_count=int(dataset.val_mask.sum()),
@@ -524,7 +586,7 @@ def reassemble(store: PartitionStore) -> tuple[GraphDataset, NormalizedAdjacency
         pos = np.repeat(indptr[p.owned] - p.indptr[:-1], np.diff(p.indptr)) + np.arange(p.nnz)
         indices[pos] = p.global_ids()[p.indices]
         weights[pos] = p.weights
-        features[p.owned] = p.features
+        features[p.owned] = p.features.toarray() if isinstance(p.features, SparseRows) else p.features
         labels[p.owned] = p.labels
         for name in MASK_NAMES:
             masks[name][p.owned] = getattr(p, name)

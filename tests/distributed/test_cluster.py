@@ -176,3 +176,14 @@ def test_killed_coordinator_leaves_no_orphans(training_process):
     process.kill()  # no chance to clean up: the roles must notice on their own
     process.wait(timeout=10)
     assert not wait_gone(roles, 20), "roles outlived their coordinator"
+
+
+def test_roles_run_with_one_openblas_thread(cpu_cluster, monkeypatch):
+    """Every role's numpy BLAS pool is one thread (idle pools spin and starve the other roles)."""
+    for child in cpu_cluster.children:
+        environ = open(f"/proc/{child.process.pid}/environ", "rb").read().split(b"\0")
+        assert b"OPENBLAS_NUM_THREADS=1" in environ, child.name
+    from dorylus.coordinator import role_environment
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")  # the user's own setting wins
+    assert role_environment()["OPENBLAS_NUM_THREADS"] == "3"

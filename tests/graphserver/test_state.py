@@ -302,3 +302,37 @@ def test_mean_aggregation_averages_over_whole_graph_in_neighbours(store, graph):
         np.testing.assert_allclose(state.graph.aggregate("mean", x, (lo, hi)), (a @ x)[lo:hi], rtol=1e-5, atol=1e-6)
         g = rng.standard_normal((part.n_owned, 3)).astype(np.float32)
         np.testing.assert_allclose(state.graph.aggregate_transpose("mean", g), a.T @ g, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- sparse features
+
+
+@pytest.mark.parametrize("store_mode", ["on", "off"])
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_static_features_in_the_configured_layout(tmp_path, store_mode, mode):
+    """Whatever layout the store has, X is SparseRows when sparse_features picks it (auto: these
+    features are ~20% non-zero, so dense), with the dense path's row-normalized values, bitwise."""
+    from dorylus.models.sparse import SparseRows
+
+    sparse_graph = random_graph(num_nodes=NUM_NODES, num_edges=120, num_features=NUM_FEATURES,
+                                num_classes=NUM_CLASSES, seed=4)
+    keep = np.random.default_rng(8).random(sparse_graph.features.shape) < 0.2
+    sparse_graph.features = np.where(keep, np.abs(sparse_graph.features), 0).astype(np.float32)
+    parts = assign_parts(NUM_NODES, sparse_graph.src, sparse_graph.dst, 2, "random", seed=1)
+    write_store(sparse_graph, parts, tmp_path / "s", method="random", seed=1, sparse_features=store_mode)
+    store = open_store(tmp_path / "s")
+    plan = make_plan("project-first")
+    for p in range(2):
+        part = store.load_part(p)
+        assert isinstance(part.features, SparseRows) == (store_mode == "on")
+        for normalize in (True, False):
+            state = PartitionState(part, plan, row_normalize_features=normalize, num_intervals=2,
+                                   sparse_features=mode)
+            x = state.static["X"]
+            assert isinstance(x, SparseRows) == (mode == "on")
+            features = sparse_graph.features[part.owned]
+            want = row_normalize(features) if normalize else features
+            np.testing.assert_array_equal(x.toarray() if isinstance(x, SparseRows) else x, want)
+            a, b = state.intervals[1]  # what the cpu backend and a PULL read
+            rows = state.rows("X")[a:b]
+            np.testing.assert_array_equal(rows.toarray() if isinstance(rows, SparseRows) else rows, want[a:b])

@@ -105,8 +105,8 @@ class FakeServers:
         if header.op in self.refuse:
             reply, out = Header(Op.ERROR, req=header.req, code="bad_field", message="refused by the test"), []
         elif who == "graph" and header.op is Op.PULL:
-            start, stop = header.rows
-            reply, out = protocol.reply_to(header, Op.ROWS), [self.buffers[n][start:stop] for n in header.names]
+            start, stop = header.rows  # as the graph server answers: sparse rows go as CSR
+            reply, out = protocol.rows_reply(header, [self.buffers[n][start:stop] for n in header.names])
         elif who == "graph" and header.op is Op.PUSH:
             reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
         elif who == "params" and header.op is Op.PULL_WEIGHTS:
@@ -310,3 +310,44 @@ def test_silent_server_times_out_within_the_deadline(setup):
     # 700 ms left, 500 ms kept as margin: the handler waits 0.2 s, not MAX_WAIT_S
     with pytest.raises(FunctionTaskError, match="did not answer PULL_WEIGHTS"):
         handler(event, LambdaContext(remaining_ms=700))
+
+
+def test_sparse_features_arrive_as_csr_and_stay_cached(monkeypatch):
+    """X as SparseRows on the graph server: the function pulls it once per (run, part, interval)
+    as CSR, keeps SparseRows, and pushes what the dense rows give (CSR sums in another order than
+    BLAS: float32 rounding, 1e-5)."""
+    from dorylus.models.sparse import SparseRows
+
+    monkeypatch.setattr(handler_module, "_static_rows", {})
+    spec = make_spec((8, 4, 7))  # layer 0 projects first: AV and AV_BWD read X
+    plan = gcn.build_plan(spec)
+    buffers = make_buffers(plan, 8, 7)
+    dense_x = np.where(np.random.default_rng(5).random((N_ROWS, 8)) < 0.3, buffers["X"], 0).astype(np.float32)
+    buffers["X"] = SparseRows.from_dense(dense_x)
+    servers = FakeServers(buffers, spec.init_weights(SEED))
+    try:
+        av, av_bwd = (next(s for s in plan.train if s.key == key) for key in (("AV", 0), ("AV_BWD", 0)))
+        for epoch, stage in ((1, av), (1, av_bwd), (2, av)):
+            event = make_event(servers, stage, "train", epoch, 1, "run-s")
+            handler(event, LambdaContext())
+            log = servers.take_log()
+            pulls = [h for _, h, _ in log if h.op is Op.PULL]
+            wanted = [n for n in stage.reads if n not in ("X", "ids")]
+            assert [list(h.names) for h in pulls] == ([["X", "ids"]] if (epoch, stage) == (1, av) else
+                                                      [wanted] if wanted else [])
+            start, stop = event["rows"]
+            w = servers.weights[0]
+            rows = [dense_x[start:stop] if n == "X" else buffers[n][start:stop] for n in stage.reads]
+            expected = gcn.compute(stage.task, 0, rows, w, event["args"])
+            (push,) = [t for _, h, t in log if h.op is Op.PUSH]
+            for got, want in zip(push, expected.rows):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            if stage.grad:
+                (grad_w,) = [t[0] for _, h, t in log if h.op is Op.PUSH_GRADS]
+                np.testing.assert_allclose(grad_w, expected.grad_w, rtol=1e-5, atol=1e-5)
+        cached = handler_module._static_rows[("run-s", PART, 1, "X")]
+        assert isinstance(cached, SparseRows)
+        np.testing.assert_array_equal(cached.toarray(), dense_x[slice(*INTERVALS[1])])
+    finally:
+        servers.close()
+    assert not servers.errors, servers.errors

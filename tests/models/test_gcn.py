@@ -325,8 +325,8 @@ def test_mismatched_backward_shapes_are_value_errors(case):
 
 def test_get_model_finds_gcn():
     assert get_model("gcn") is gcn
-    with pytest.raises(ValueError, match="unknown model 'gat'"):
-        get_model("gat")
+    with pytest.raises(ValueError, match="unknown model 'gin'"):
+        get_model("gin")
 
 
 # ----------------------------------------------------------------------------- the plan

@@ -116,6 +116,62 @@ def test_results_do_not_depend_on_intervals(arch):
         np.testing.assert_allclose(grads_a[l], grads_b[l], rtol=1e-5, atol=1e-7)
 
 
+SPARSE_SHAPES = {"gcn-project-first": ("gcn", 4), "gcn-gather-first": ("gcn", 16), "gat": ("gat", 4),
+                 "sage": ("sage", 4)}
+
+
+@pytest.mark.parametrize("shape", sorted(SPARSE_SHAPES))
+def test_sparse_features_equal_dense(shape):
+    """Sparse X (CSR rows, dropout on the non-zeros only) gives the dense plan's loss, counts and
+    weight gradients, interval by interval, and the reference's; so does the reference's own
+    sparse path (torch CSR product). 10 input columns: GCN's layer 0 projects first (-> 4) or
+    gathers first (-> 16, its PREP densifies)."""
+    from dorylus.models.sparse import SparseRows
+
+    arch, hidden = SPARSE_SHAPES[shape]
+    config = TrainConfig(model=arch, layers=2, hidden=hidden, heads=3, out_heads=2, dropout=0.5, input_dropout=0.5,
+                         attention_dropout=0.5)
+    spec = ModelSpec.from_config(config, FEATURES, CLASSES)
+    model = get_model(arch)
+    adj, statics = _graph(seed=2)
+    x = statics["X"]
+    x[np.random.default_rng(3).random(x.shape) < 0.7] = 0.0  # ~30% non-zero
+    x[2] = 0.0  # a vertex without features
+    sparse_statics = {**statics, "X": SparseRows.from_dense(x)}
+    split = statics["split"]
+    train_count = int(((split & TRAIN) != 0).sum())
+    weights = spec.init_weights(SEED)
+    graph = whole_graph(adj)
+    intervals = [(0, 2), (2, 5), (5, 7)]
+    for training in (True, False):
+        runs = [Interpreter(model, model.build_plan(spec), graph, s, weights, intervals, train_count, SEED)
+                .run(training, EPOCH) for s in (statics, sparse_statics)]
+        (dense_meta, dense_grads), (sparse_meta, sparse_grads) = runs
+        # float32 sums in another order (CSR rows vs BLAS): 1e-5 relative, as for the reference
+        assert sparse_meta["loss"] == pytest.approx(dense_meta["loss"], rel=1e-5)
+        assert sorted(sparse_grads) == sorted(dense_grads) == ([0, 1] if training else [])
+        for l in dense_grads:
+            np.testing.assert_allclose(sparse_grads[l], dense_grads[l], rtol=1e-4,
+                                       atol=1e-5 * np.abs(dense_grads[l]).max(), err_msg=f"dW{l}")
+        for name in ("correct_train", "correct_val", "correct_test"):
+            assert abs(sparse_meta[name] - dense_meta[name]) <= 1, name
+        if training:
+            sparse_train_loss = sparse_meta["loss"]
+
+    labels, train = torch.from_numpy(statics["labels"]), torch.from_numpy((split & TRAIN) != 0)
+    results = []
+    for features in (torch.from_numpy(x), sparse_statics["X"]):
+        reference = ReferenceModel(spec, SEED)
+        loss = masked_loss(reference(graph, features, EPOCH, training=True), labels, train)
+        loss.backward()
+        results.append((loss.item(), [w.grad.double().numpy() for w in reference.weights]))
+    (dense_loss, dense_ref_grads), (sparse_loss, sparse_ref_grads) = results
+    assert sparse_loss == pytest.approx(dense_loss, rel=1e-5)
+    assert sparse_loss == pytest.approx(sparse_train_loss, rel=1e-5)
+    for l, (got, want) in enumerate(zip(sparse_ref_grads, dense_ref_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=f"reference dW{l}")
+
+
 @pytest.mark.parametrize("arch,train,evaluate", [
     ("gcn", 4 + 3 + 4 + 3, 4 + 3),                          # P0, P1 forward; dP0, dP1 backward
     ("sage", 4 + 3 + 4 + 3, 4 + 3),

@@ -182,3 +182,24 @@ def test_cli_bad_input_exits_2(bucket, store_dir, tmp_path, capsys):
         assert exit_status(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, (argv, err)
+
+
+def test_a_sparse_features_store_round_trips(bucket, tmp_path):
+    """A store with CSR features (format version 2) uploads and fetches its features_* files."""
+    rng = np.random.default_rng(1)
+    n, f = 200, 50
+    masks = rng.random(n)
+    dataset = GraphDataset(
+        name="s3-sparse", src=rng.integers(0, n, 600), dst=rng.integers(0, n, 600),
+        features=np.where(rng.random((n, f)) < 0.03, 1.0, 0.0).astype(np.float32), labels=rng.integers(0, 4, n),
+        train_mask=masks < 0.3, val_mask=(masks >= 0.3) & (masks < 0.5), test_mask=masks >= 0.5, num_classes=4)
+    write_store(dataset, (np.arange(n) >= 120).astype(np.int64), tmp_path / "sparse", method="contiguous", seed=0)
+    original = open_store(tmp_path / "sparse")
+    assert original.meta.feature_layout(1) == "csr"
+    uploaded = upload_store(tmp_path / "sparse", f"s3://{bucket}/sparse")
+    assert uploaded.files == len(original.meta.files) + 1
+    root = fetch_store(f"s3://{bucket}/sparse", parts=[1])
+    assert sorted(p.name for p in (root / "part-1").iterdir()) == sorted(
+        rel.split("/")[1] for rel in original.meta.part_files(1))
+    fetched = open_store(root, verify=False).load_part(1).features
+    np.testing.assert_array_equal(fetched.toarray(), dataset.features[120:])

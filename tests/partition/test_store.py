@@ -153,8 +153,10 @@ def test_meta_json_contents(tmp_path):
 
 @pytest.fixture
 def cora_store(tmp_path):
+    """Cora in 4 parts with dense features (a version 1 store, as before sparse features)."""
     ds = load_cora()
-    write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 4, "metis"), tmp_path / "s", method="metis", seed=0)
+    write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 4, "metis"), tmp_path / "s", method="metis", seed=0,
+                sparse_features="off")
     return tmp_path / "s"
 
 
@@ -186,8 +188,8 @@ def rewrite_meta(root: Path, **changes) -> None:
 
 
 def test_wrong_format_version(cora_store):
-    rewrite_meta(cora_store, format_version=2)
-    with pytest.raises(StoreError, match=f"partition store {cora_store} has format version 2; this dorylus reads 1"):
+    rewrite_meta(cora_store, format_version=3)
+    with pytest.raises(StoreError, match=f"partition store {cora_store} has format version 3; this dorylus reads 1, 2"):
         open_store(cora_store)
 
 
@@ -347,6 +349,108 @@ def test_store_stats_agree_with_assignment_stats(method, tmp_path):
     assert from_store["global"]["ghosts"] == from_store["global"]["send"]
 
 
+# ----------------------------------------------------------------------------- sparse features
+
+
+@pytest.fixture
+def cora_sparse_store(tmp_path):
+    """Cora (1.3% non-zero) in 3 parts; ``auto`` stores its features as CSR."""
+    ds = load_cora()
+    write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 3, "metis"), tmp_path / "s", method="metis", seed=0)
+    return tmp_path / "s"
+
+
+def test_sparse_features_round_trip(cora_sparse_store):
+    from dorylus.models.sparse import SparseRows
+
+    ds = load_cora()
+    store = open_store(cora_sparse_store)
+    raw = json.loads((cora_sparse_store / "meta.json").read_text())
+    assert raw["format_version"] == 2  # old readers refuse the store instead of missing features.npy
+    for i in range(3):
+        entry = raw["parts"][i]
+        part = store.load_part(i)
+        assert entry["features"] == "csr" and store.meta.feature_layout(i) == "csr"
+        assert isinstance(part.features, SparseRows) and part.features.nnz == entry["features_nnz"]
+        assert part.features.indices.dtype == np.int32
+        np.testing.assert_array_equal(part.features.toarray(), ds.features[part.owned])
+        files = sorted(os.listdir(cora_sparse_store / f"part-{i}"))
+        assert "features.npy" not in files and {"features_data.npy", "features_indices.npy",
+                                                "features_indptr.npy"} <= set(files)
+        assert sorted(rel.split("/")[1] for rel in store.meta.part_files(i)) == files
+    back, _ = reassemble(store)
+    assert np.array_equal(back.features, ds.features)
+
+
+@pytest.mark.parametrize("mode, layout, version", [("auto", "dense", 1), ("on", "csr", 2), ("off", "dense", 1)])
+def test_sparse_features_option_on_dense_data(tmp_path, mode, layout, version):
+    """The toy graph's features are all non-zero: ``auto`` keeps them dense, ``on`` forces CSR."""
+    ds = undirected_toy()
+    write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", method="contiguous", seed=0,
+                sparse_features=mode)
+    store = open_store(tmp_path / "s")
+    assert store.meta.format_version == version
+    assert [store.meta.feature_layout(i) for i in range(2)] == [layout] * 2
+    assert ("features" in store.meta.parts[0]) == (version == 2)  # a version 1 store stays as it was
+    check_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", dense_a_hat(ds))
+
+
+def test_cora_auto_is_sparse_and_off_is_dense(tmp_path):
+    ds = load_cora()
+    parts = assign_parts(ds.num_nodes, ds.src, ds.dst, 2, "contiguous")
+    for mode in ("auto", "off"):
+        write_store(ds, parts, tmp_path / mode, method="contiguous", seed=0, sparse_features=mode)
+    assert open_store(tmp_path / "auto").meta.feature_layout(0) == "csr"
+    assert open_store(tmp_path / "off").meta.feature_layout(0) == "dense"
+    size = lambda mode: sum(f.stat().st_size for f in (tmp_path / mode / "part-0").glob("features*.npy"))
+    assert size("auto") * 10 < size("off")  # 8 bytes per non-zero at 1.3% density, 4 per entry dense
+
+
+def test_unknown_sparse_features_mode_is_a_config_error(tmp_path):
+    ds = undirected_toy()
+    with pytest.raises(ConfigError, match="sparse_features must be one of auto, on, off, got 'yes'"):
+        write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "s", method="contiguous", seed=0,
+                    sparse_features="yes")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "rel, make_bad, message",
+    [
+        ("part-1/features_indices.npy", lambda a: a + 10**4,
+         r"part-1/features_indices.npy: columns must be in \[0, 1433\)"),
+        ("part-1/features_indices.npy", lambda a: a.astype(np.int64), r"features_indices.npy has dtype int64"),
+        ("part-0/features_indptr.npy", lambda a: a[::-1].copy(), r"part-0/features_indptr.npy: must rise from 0"),
+        ("part-2/features_data.npy", lambda a: a[:-1], r"part-2/features_data.npy has dtype float32 shape"),
+        ("part-2/features_indices.npy", lambda a: a[::-1].copy(),
+         r"part-2/features_indices.npy: column indices must ascend strictly within each row"),
+    ],
+)
+def test_inconsistent_sparse_features_are_named(cora_sparse_store, rel, make_bad, message):
+    replace_array(cora_sparse_store, rel, make_bad(np.load(cora_sparse_store / rel)))
+    store = open_store(cora_sparse_store)
+    with pytest.raises(StoreError, match=message):
+        store.load_part(int(rel.split("/")[0].split("-")[1]))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"features": "coo"}, r"parts\[1\] 'features' must be one of dense, csr"),
+    ({"features_nnz": -1}, r"parts\[1\] has CSR features but no non-negative integer 'features_nnz'"),
+])
+def test_bad_layout_in_meta_is_named(cora_sparse_store, change, message):
+    meta = json.loads((cora_sparse_store / "meta.json").read_text())
+    meta["parts"][1].update(change)
+    (cora_sparse_store / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=message):
+        open_store(cora_sparse_store)
+
+
+def test_version_1_store_cannot_claim_sparse_parts(cora_sparse_store):
+    rewrite_meta(cora_sparse_store, format_version=1)
+    with pytest.raises(StoreError, match=r"parts\[0\] 'features' must be one of dense, csr \(format version 2"):
+        open_store(cora_sparse_store)
+
+
 def test_inspect_prints_a_models_ghost_traffic(tmp_path, capsys):
     from dorylus.cli import main
     from dorylus.config import TrainConfig
@@ -364,3 +468,16 @@ def test_inspect_prints_a_models_ghost_traffic(tmp_path, capsys):
     assert ghosts > 0
     expected = 4 * ghosts * get_model("gat").build_plan(spec).ghost_columns(True)
     assert line.startswith("gat (") and f"({expected:,} bytes) in the training pass" in line
+
+
+@pytest.mark.parametrize("mode,layout", [("on", "csr"), ("off", None)])
+def test_partition_command_takes_the_feature_layout(tmp_path, mode, layout):
+    from dorylus.cli import main
+    from dorylus.data.loaders import save_npz
+
+    save_npz(undirected_toy(), tmp_path / "toy.npz")
+    out = tmp_path / "store"
+    assert main(["partition", "--dataset", str(tmp_path / "toy.npz"), "--parts", "2", "--method", "contiguous",
+                 "--out", str(out), "--sparse-features", mode]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert [p.get("features") for p in meta["parts"]] == [layout, layout]

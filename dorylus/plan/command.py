@@ -1,0 +1,176 @@
+"""``dorylus plan``: its options and its tables (see :mod:`dorylus.plan`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dorylus.errors import ConfigError
+from dorylus.plan.calibration import Calibration, measure
+from dorylus.plan.catalog import WORKLOADS
+from dorylus.plan.model import BACKENDS, MODES, Prediction
+from dorylus.plan.planner import (
+    LocalOptions, ScaleOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options, to_json,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    cal = parser.add_argument_group("calibration")
+    cal.add_argument("--calibration", metavar="FILE", type=Path,
+                     help="read rates from FILE (written by --save-calibration) instead of measuring this machine")
+    cal.add_argument("--save-calibration", metavar="FILE", type=Path, help="write the rates used to FILE (JSON)")
+    cal.add_argument("--no-emulator", action="store_true",
+                     help="do not start a Lambda emulator to time an invoke (then local lambda runs cannot be "
+                          "predicted)")
+    local = parser.add_argument_group("a local run (instead of the table at scale)")
+    where = local.add_mutually_exclusive_group()
+    where.add_argument("--dataset", metavar="SPEC",
+                       help="predict `dorylus train --dataset SPEC` on this machine: a preset (sizes only, nothing "
+                            "generated) or a dataset file, cut into --parts even partitions (see --cut-fraction)")
+    where.add_argument("--partitions", metavar="STORE",
+                       help="predict a run on the partition store STORE (its real partition sizes and ghost rows)")
+    where.add_argument("--run", metavar="RUN_DIR",
+                       help="predict the run in RUN_DIR with its own config and partitions, and print its measured "
+                            "epoch time beside (the median of its epochs after the first)")
+    local.add_argument("--backend", action="append", choices=BACKENDS,
+                       help="backend(s) to predict, repeatable (default: lambda and cpu)")
+    local.add_argument("--parts", type=int, help="graph servers with --dataset (default 2)")
+    local.add_argument("--intervals", type=int, default=2, help="intervals per graph server (default 2)")
+    local.add_argument("--functions", type=int, help="concurrent calls per graph server (default: --intervals)")
+    local.add_argument("--lambda-memory-mb", type=int,
+                       help="function memory in MB (default: 1024 locally, as `dorylus train`; at scale the best "
+                            "value of 512, 1024, 1769 and 3008)")
+    model = parser.add_argument_group("model and run")
+    model.add_argument("--hidden", type=int, help="hidden width (default: 16 locally, as `dorylus train`; 128 at "
+                                                  "scale)")
+    model.add_argument("--layers", type=int, default=2, help="GCN layers (default 2)")
+    model.add_argument("--mode", choices=MODES, help="sync sums the stages; pipe overlaps graph work with function "
+                                                     "calls (default: sync locally, pipe at scale)")
+    model.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
+                       help="include an evaluation pass in every epoch (default: yes locally, as `dorylus train "
+                            "--eval-every 1`; no at scale)")
+    model.add_argument("--static-cached", type=float, default=0.0, metavar="SHARE",
+                       help="share of function calls whose warm container still holds their interval's features, "
+                            "ids, labels and splits, so that they are not sent again (default 0: a call lands on any "
+                            "idle container)")
+    model.add_argument("--cut-fraction", type=float, default=0.5,
+                       help="share of a partition's in-edges whose source lives on another partition, which sets "
+                            "its ghost rows (default 0.5; a partition store gives the real ghost rows)")
+    scale = parser.add_argument_group("the table at scale")
+    scale.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
+                       help="workload(s) to price, repeatable (default: all)")
+    defaults = ScaleOptions()
+    scale.add_argument("--lambda-server", default=defaults.lambda_server,
+                       help="graph-server instance of the lambda configuration (default %(default)s)")
+    scale.add_argument("--cpu-server", default=defaults.cpu_server,
+                       help="graph-server instance of the CPU-only configuration (default %(default)s)")
+    scale.add_argument("--gpu-server", default=defaults.gpu_server,
+                       help="GPU instance of the GPU configuration (default %(default)s)")
+    scale.add_argument("--param-server", default=defaults.param_server,
+                       help="parameter-server instance (default %(default)s)")
+    parser.add_argument("--json", metavar="FILE", type=Path, help="also write the predictions to FILE as JSON")
+
+
+def run_from_args(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout
+    for name in ("parts", "intervals", "functions", "hidden", "layers", "lambda_memory_mb"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"plan: --{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.calibration is not None:
+        calibration = Calibration.load(args.calibration)
+    else:
+        calibration = measure(progress=lambda message: print(message, file=sys.stderr, flush=True),
+                              emulator=not args.no_emulator)
+    if args.save_calibration is not None:
+        calibration.save(args.save_calibration)
+    print(f"calibration: {calibration.host}, {calibration.cores} cores, measured {calibration.measured_at}"
+          + (f", GPU {calibration.gpu_name}" if calibration.gpu_name else "")
+          + (f" ({args.calibration})" if args.calibration else ""), file=out)
+    if args.dataset or args.partitions or args.run:
+        predictions = _local(args, calibration, out)
+    else:
+        predictions = _scale(args, calibration, out)
+    if args.json is not None:
+        from dorylus.runs import atomic_write_text
+
+        atomic_write_text(args.json, to_json(predictions, calibration))
+    return 0
+
+
+def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Prediction]:
+    measured = None
+    if args.run:
+        options, shape = run_options(args.run)
+        backends = [options.backend]
+        measured = measured_epoch_s(args.run)
+        source = f"run {args.run}"
+    else:
+        shape = local_shape(args.dataset, args.partitions, args.parts, args.cut_fraction)
+        options = LocalOptions(intervals=args.intervals, functions=args.functions, cut_fraction=args.cut_fraction,
+                               static_cached=args.static_cached)
+        backends = args.backend or ["lambda", "cpu"]
+        source = args.dataset or args.partitions
+    overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers if not args.run else None),
+                                   ("lambda_memory_mb", args.lambda_memory_mb), ("mode", args.mode),
+                                   ("evaluate", args.evaluate)) if v is not None}
+    from dataclasses import replace
+
+    options = replace(options, static_cached=args.static_cached, **overrides)
+    print(f"predicted epoch on this machine for {source}: {shape.vertices:,} vertices, {shape.parts} parts (largest: "
+          f"{shape.owned:,} rows, {shape.nnz:,} A_hat entries, {shape.ghosts:,} ghost rows), {shape.features} "
+          f"features, {shape.classes} classes; GCN hidden {options.hidden}, {options.intervals} intervals, "
+          f"mode {options.mode}, evaluation pass {'on' if options.evaluate else 'off'}", file=out)
+    predictions = [plan_local(calibration, shape, replace(options, backend=b)) for b in backends]
+    header = ["backend", "parts", "intervals", "s/epoch", "$/epoch", "value", "calls/epoch"]
+    rows = [[p.setup.backend, str(p.setup.parts), str(p.setup.intervals), f"{p.epoch_s:.4f}", f"{p.cost_usd:.3e}",
+             f"{p.value:.4g}", str(p.calls)] for p in predictions]
+    if measured is not None:
+        header += ["measured s/epoch", "predicted/measured"]
+        rows[0] += [f"{measured[0]:.4f} (median of {measured[1]})", f"{predictions[0].epoch_s / measured[0]:.2f}"]
+    print(format_table(header, rows), file=out)
+    for p in predictions:
+        print(f"  {p.setup.backend}: " + ", ".join(f"{k.removesuffix('_s')} {v:.4f}" for k, v in p.task_s.items())
+              + " s", file=out)
+    return predictions
+
+
+def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Prediction]:
+    defaults = ScaleOptions()
+    options = ScaleOptions(hidden=args.hidden or defaults.hidden, layers=args.layers, cut_fraction=args.cut_fraction,
+                           lambda_memory_mb=args.lambda_memory_mb,
+                           lambda_server=args.lambda_server, cpu_server=args.cpu_server, gpu_server=args.gpu_server,
+                           param_server=args.param_server, mode=args.mode or defaults.mode,
+                           evaluate=defaults.evaluate if args.evaluate is None else args.evaluate,
+                           static_cached=args.static_cached)
+    predictions = plan_scale(calibration, options, args.workload)
+    from dorylus.cost import DEFAULT_PRICES as prices
+
+    print(f"predicted training epoch at scale: GCN hidden {options.hidden}, {options.layers} layers, mode "
+          f"{options.mode}, evaluation pass {'on' if options.evaluate else 'off'}, edge-cut fraction "
+          f"{options.cut_fraction}, cached static inputs {options.static_cached:g}; {prices.region} on-demand "
+          f"prices as of {prices.as_of}", file=out)
+    header = ["workload", "backend", "graph servers", "intervals", "GiB/server", "s/epoch", "$/epoch", "value",
+              "value vs cpu", "rates"]
+    rows = []
+    for p in predictions:
+        s = p.setup
+        cpu = next(q for q in predictions if q.shape.vertices == p.shape.vertices and q.setup.backend == "cpu")
+        servers = f"{s.parts} x {s.graph_server}" if s.graph_servers_per_instance == 1 else \
+            f"{s.parts} GPUs on {s.instances} x {s.graph_server}"
+        calls = f"{s.intervals} x {s.lambda_memory_mb} MB" if s.backend == "lambda" else str(s.intervals)
+        workload = next(w for w in WORKLOADS.values() if w.vertices == p.shape.vertices)
+        rows.append([workload.name, s.backend, servers, calls, f"{p.memory_gib:.1f}", f"{p.epoch_s:.3f}",
+                     f"{p.cost_usd:.3e}", f"{p.value:.4g}", f"{p.value / cpu.value:.2f}x", p.where])
+    print(format_table(header, rows), file=out)
+    print("value = 1 / (s/epoch x $/epoch); graph servers: the fewest that hold the partitions in 80% of their memory "
+          "(a GPU's for gpu); sources of sizes, instances and rates: dorylus/plan/catalog.py", file=out)
+    return predictions
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,390 @@
+"""The epoch model: seconds, dollars and value of one training epoch from calibrated rates.
+
+The epoch is the GCN plan itself (:func:`dorylus.models.gcn.build_plan`, DESIGN §2): the
+training pass, then (``evaluate``) the evaluation pass, each a list of stages; the largest
+partition sets the pace. With ``n`` owned rows, ``m`` A_hat entries, ``g`` ghost rows and ``s``
+rows sent to peers per graph server, ``I`` intervals of ``r = n / I`` rows, ``c`` calls at once
+per server, and rates (:class:`~dorylus.plan.calibration.Rates`) scaled to where the work runs
+(:mod:`dorylus.plan.environment`), each stage takes
+
+==================  ===========================================================================
+stage               seconds
+==================  ===========================================================================
+GATHER (width w)    ``m w / gather(4 w (n + g))``, plus the ghost exchange
+                    ``4 w max(g, s) / ghost_link + rtt`` when P > 1
+GATHER_BACKWARD     the same (the transpose has the same entries; contributions go back)
+VERTEX              ``work(n) / server``
+FUNCTION, cpu/gpu   ``work(n) / server + waves * k' * rtt`` (``k'``: weights pulled, gradient pushed)
+FUNCTION, lambda    ``max(waves * call, I * bytes(r) / server_link)`` with
+                    ``call = invoke + call_s + k * rtt + bytes(r) / call_link + work(r) / function``
+==================  ===========================================================================
+
+plus ``stage_s``, the runtime's own cost of a stage. ``gather(size)`` is the Gather rate at a
+dense operand of that many bytes (sparse products slow down out of the caches). ``work(rows)``
+counts multiply-adds (``rows * in * out`` per product: forward, ``dW``, ``dX``), dropout
+elements (``rows * in`` where a task regenerates a layer's dropout mask: its forward while
+training, and again in its backward), other element-wise work (an activation without dropout)
+and logits through softmax cross-entropy, each at its rate. ``k`` counts a call's request/reply
+exchanges (rows pulled, weights pulled, gradient pushed, results pushed), ``bytes(r)`` its input
+and output rows (static inputs too, but for the ``static_cached`` share of calls whose warm
+container served the same interval before: the handler keeps them, yet a call lands on any
+idle container, and local runs show few hits) and its weights and gradient; ``waves = ceil(I /
+c)``. Gather runs at the
+narrow width because the plan does (DESIGN §2).
+
+Ghost rows: a partition of ``n`` of ``V`` vertices with edge-cut fraction ``phi`` (the share of
+its in-edges whose source is remote; METIS on social graphs cuts a sizable share, hence a
+parameter) holds ``g = R (1 - exp(-phi d n / R))`` ghost rows, with ``R = V - n`` remote
+vertices and ``d = E / V`` in-edges per vertex: the expected number of distinct remote sources
+when each cut edge picks one of them uniformly at random (an assumption; a partition store
+gives the real ``g``).
+
+Modes: ``sync`` sums the stages. ``pipe`` splits the epoch into segments at the Gathers (where
+the intervals meet) and overlaps, inside a segment, the graph servers' time ``G`` with the
+functions' ``F`` as a two-stage pipeline of ``I`` intervals, ``max(G, F) + min(G, F) / I``; only
+the lambda backend has anything to overlap (cpu and gpu run both on the same device). Each
+epoch adds the parameter server's optimizer step (``ADAM_PASSES`` element-wise passes over the
+weights), half a coordinator poll and a round trip.
+
+Dollars are :class:`dorylus.cost.Pricing`'s, as on a run: graph-server instances and the
+parameter server for the epoch's seconds, and every call's billed duration (``call - invoke``,
+rounded up to the millisecond, at least 1 ms) at the function's memory plus the per-request fee.
+Value is ``1 / (epoch_s * cost_usd)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from dorylus.cost import DEFAULT_PRICES, Pricing, PriceTable, value
+from dorylus.errors import ConfigError
+from dorylus.plan.calibration import Rates
+
+FLOAT = 4                  # bytes of a float32
+ADAM_PASSES = 12           # element-wise passes of one Adam step over the weights (moments, update, decay)
+POLL_S = 0.005             # the coordinator polls the graph servers' progress this often (half on average)
+STATIC_ROW_BYTES = {"ids": 8, "labels": 8, "split": 1}  # int64, int64, uint8; "X" is features x float32
+STATIC_ROWS = frozenset(("X", *STATIC_ROW_BYTES))  # a partition's own inputs (dorylus.models.base.STATIC)
+BACKENDS = ("lambda", "cpu", "gpu")
+MODES = ("sync", "pipe")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A partitioned graph as the planner sees it: the largest partition's owned rows, A_hat
+    entries, ghost rows and rows sent to peers, and the model's sizes."""
+
+    vertices: int
+    parts: int
+    owned: int
+    nnz: int
+    ghosts: int
+    send: int
+    features: int
+    classes: int
+
+
+def ghost_rows(vertices: int, owned: int, cut_in_edges: float) -> float:
+    """Expected distinct remote sources among ``cut_in_edges`` edges, each from one of the
+    ``vertices - owned`` remote vertices uniformly at random."""
+    remote = vertices - owned
+    if remote <= 0 or cut_in_edges <= 0:
+        return 0.0
+    return remote * -math.expm1(-cut_in_edges / remote)
+
+
+def even_shape(vertices: int, edges: int, features: int, classes: int, parts: int, cut_fraction: float) -> Shape:
+    """``parts`` equal partitions of a graph with ``edges`` directed edges, ``cut_fraction`` of
+    every partition's in-edges from remote vertices (see the module docstring)."""
+    if not 0.0 <= cut_fraction <= 1.0:
+        raise ConfigError(f"plan: the edge-cut fraction must be in [0, 1], got {cut_fraction}")
+    if parts < 1:
+        raise ConfigError(f"plan: parts must be >= 1, got {parts}")
+    owned = math.ceil(vertices / parts)
+    nnz = math.ceil((edges + vertices) / parts)
+    ghosts = 0 if parts == 1 else round(ghost_rows(vertices, owned, cut_fraction * edges / parts))
+    return Shape(vertices=vertices, parts=parts, owned=owned, nnz=nnz, ghosts=ghosts, send=ghosts,
+                 features=features, classes=classes)
+
+
+def store_shape(store) -> Shape:
+    """The shape of an opened :class:`~dorylus.partition.PartitionStore`: each figure the
+    largest over its partitions."""
+    from dorylus.partition import partition_stats
+
+    parts = partition_stats(store)["parts"]
+    meta = store.meta
+    return Shape(vertices=meta.num_nodes, parts=store.num_parts, owned=max(p["owned"] for p in parts),
+                 nnz=max(p["nnz"] for p in parts), ghosts=max(p["ghosts"] for p in parts),
+                 send=max(p["send"] for p in parts), features=meta.num_features, classes=meta.num_classes)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A configuration to predict: where the tensor work runs, how many graph servers on which
+    instance type, intervals and concurrent calls per server, the model, and the mode."""
+
+    backend: str
+    graph_server: str
+    parts: int
+    intervals: int
+    functions: int
+    hidden: int
+    layers: int = 2
+    lambda_memory_mb: int = 1769
+    param_server: str = "c5.xlarge"
+    mode: str = "sync"
+    evaluate: bool = True
+    graph_servers_per_instance: int = 1  # GPUs per instance for the gpu backend
+    static_cached: float = 0.0  # share of function calls whose warm container holds their static inputs
+
+    def __post_init__(self) -> None:
+        checks = [(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}"),
+                  (self.mode in MODES, f"mode must be one of {', '.join(MODES)}"),
+                  (self.parts >= 1 and self.intervals >= 1 and self.functions >= 1 and self.layers >= 1
+                   and self.hidden >= 1 and self.graph_servers_per_instance >= 1,
+                   "parts, intervals, functions, layers and hidden must be >= 1"),
+                  (0.0 <= self.static_cached <= 1.0, "the cached share of static inputs must be in [0, 1]")]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"plan: {message}")
+
+    @property
+    def instances(self) -> int:
+        """Graph-server machines: one per graph server, or one per ``graph_servers_per_instance``."""
+        return math.ceil(self.parts / self.graph_servers_per_instance)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where the roles run, as rates and links.
+
+    ``server``: one graph server's rates (all its cores, or its GPU); ``function``: one function
+    call's (lambda backend); ``ghost_link`` between graph servers, ``server_link`` a graph
+    server's network for its functions' traffic, ``call_link`` one call's own, all bytes/s;
+    ``round_trip_s`` a small request and reply; ``invoke_s`` the Invoke API's latency per call
+    (not billed); ``stage_s`` and ``call_s`` the runtime's own cost per stage and per function
+    call (:mod:`dorylus.plan.runtime`)."""
+
+    server: Rates
+    ghost_link: float
+    server_link: float
+    round_trip_s: float
+    function: Rates | None = None
+    call_link: float | None = None
+    invoke_s: float | None = None
+    stage_s: float = 0.0
+    call_s: float = 0.0
+    where: str = ""
+
+
+# --------------------------------------------------------------------------- work of a stage
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a stage computes on some rows: multiply-adds, dropout elements, other elements, logits."""
+
+    macs: float = 0.0
+    dropout: float = 0.0
+    elementwise: float = 0.0
+    softmax: float = 0.0
+
+    def seconds(self, rates: Rates) -> float:
+        return (self.macs / rates.matmul_per_s + self.dropout / rates.dropout_per_s
+                + self.elementwise / rates.elementwise_per_s + self.softmax / rates.softmax_per_s)
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.macs + other.macs, self.dropout + other.dropout, self.elementwise + other.elementwise,
+                    self.softmax + other.softmax)
+
+
+def task_work(stage, layer, rows: float, training: bool) -> Work:
+    """The work of GCN stage ``stage`` (a :class:`dorylus.models.base.Stage`) of ``layer`` (its
+    :class:`~dorylus.models.spec.LayerSpec`) on ``rows`` rows (see :func:`dorylus.models.gcn.compute`)."""
+    args = dict(stage.args)
+    i, o = layer.in_dim, layer.out_dim
+    dropout = training and float(args.get("dropout", 0.0)) > 0
+    activation = args.get("act_in", args.get("relu_in")) not in (None, False)
+    # A layer's input: dropout's mask regenerated (training) or the activation alone (evaluation).
+    prepare = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
+    prepare_backward = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
+    product = Work(macs=rows * i * o)
+    softmax = Work(softmax=rows * o)
+    first = layer.index == 0
+    task = stage.task
+    if task == "PREP":
+        return prepare
+    if task == "PREP_BWD":
+        return prepare_backward
+    if task == "AV":
+        return prepare + product if args.get("project_first") else product
+    if task == "AV_BWD":
+        if args.get("project_first"):  # recompute H, dW = H^T dP, and dX = prep'(dP W^T) above layer 0
+            return prepare + product + (Work() if first else product + prepare_backward)
+        return product + (Work() if first else product)  # dW = Z^T dY, dZ = dY W^T
+    if task == "LOSS":
+        return softmax
+    if task == "AV_LOSS":
+        work = product + softmax
+        return work + product + (Work() if first else product) if training else work
+    raise ConfigError(f"plan: no cost formula for the GCN task {task!r}")
+
+
+def exchanges(stage, training: bool) -> int:
+    """Request/reply exchanges of one function call of ``stage``: rows pulled, weights pulled,
+    gradient pushed, results pushed."""
+    return 1 + (1 if stage.weights else 0) + (1 if stage.grad and training else 0) + 1
+
+
+def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
+    """Bytes of one row of buffer or static input ``name``."""
+    if name == "X":
+        return FLOAT * features
+    return STATIC_ROW_BYTES[name] if name in STATIC_ROW_BYTES else FLOAT * widths[name]
+
+
+def call_bytes(stage, layer, widths: dict[str, int], features: int, rows: float, training: bool,
+               static_cached: float = 0.0) -> float:
+    """Bytes one function call of ``stage`` on ``rows`` rows moves: its input rows (static ones
+    unless cached: a warm function keeps them when it serves the same interval again, which
+    happens for a ``static_cached`` share of calls) and output rows, the layer's weights, and
+    its gradient."""
+    moved = sum(row_bytes(name, widths, features) * (1 - static_cached if name in STATIC_ROWS else 1)
+                for name in (*stage.reads, *stage.writes))
+    weights = FLOAT * layer.in_dim * layer.out_dim
+    return rows * moved + (weights if stage.weights else 0) + (weights if stage.grad and training else 0)
+
+
+# --------------------------------------------------------------------------- the epoch
+
+
+@dataclass
+class Prediction:
+    """One predicted epoch: seconds per task kind (named as the metrics' ``task_s``), the
+    function calls and their billed GB-seconds, dollars by component, and value."""
+
+    setup: Setup
+    shape: Shape
+    where: str
+    epoch_s: float
+    task_s: dict[str, float]
+    calls: int
+    billed_gb_s: float
+    cost_by_component_usd: dict[str, float]
+    cost_usd: float
+    value: float
+    memory_gib: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def model_spec(shape: Shape, setup: Setup):
+    from dorylus.config import TrainConfig
+    from dorylus.models.spec import ModelSpec
+
+    config = TrainConfig(model="gcn", layers=setup.layers, hidden=setup.hidden)
+    return ModelSpec.from_config(config, shape.features, shape.classes)
+
+
+def gcn_plan(shape: Shape, setup: Setup):
+    from dorylus.models import get_model
+
+    spec = model_spec(shape, setup)
+    return spec, get_model("gcn").build_plan(spec)
+
+
+def server_memory_bytes(shape: Shape, setup: Setup) -> float:
+    """A graph server's resident bytes: A_hat and its transpose (int64 index + float32 value per
+    entry, row pointers), the features, and every row buffer of the plan (ghost rows included
+    for the buffers Gather reads)."""
+    _, plan = gcn_plan(shape, setup)
+    local = shape.owned + shape.ghosts
+    csr = 2 * (shape.nnz * 12 + (shape.owned + local + 2) * 8)
+    buffers = sum(width * (local if name in plan.ghosted else shape.owned) for name, width in plan.widths.items())
+    return csr + FLOAT * (shape.owned * shape.features + buffers)
+
+
+def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = DEFAULT_PRICES) -> Prediction:
+    """Seconds, dollars and value of one epoch of ``setup`` on ``shape`` in ``env``."""
+    if setup.backend == "lambda" and (env.function is None or env.call_link is None or env.invoke_s is None):
+        raise ConfigError(f"plan: the lambda backend needs function rates, a call link and an invoke latency "
+                          f"({env.where or 'environment'} has none)")
+    spec, plan = gcn_plan(shape, setup)
+    layers = {layer.index: layer for layer in spec.layers}
+    n, I = shape.owned, setup.intervals
+    rows = n / I
+    waves = math.ceil(I / min(setup.functions, I))
+    task_s: dict[str, float] = {}
+    calls, billed_s = 0, 0.0
+    epoch_s = 0.0
+    passes = [("train", plan.train, True)] + ([("eval", plan.evaluate, False)] if setup.evaluate else [])
+    for pass_name, stages, training in passes:
+        graph_side = function_side = 0.0  # of the current pipe segment
+        for stage in stages:
+            layer = layers[stage.layer]
+            if stage.kind in ("gather", "gather_backward"):
+                width = plan.widths[stage.reads[0]]
+                operand = FLOAT * width * (shape.owned + shape.ghosts)
+                seconds = shape.nnz * width / env.server.gather_per_s(operand)
+                if shape.parts > 1:
+                    seconds += FLOAT * width * max(shape.ghosts, shape.send) / env.ghost_link + env.round_trip_s
+                graph = True
+            elif stage.kind == "vertex":
+                seconds = task_work(stage, layer, n, training).seconds(env.server)
+                graph = True
+            elif setup.backend == "lambda":
+                work = task_work(stage, layer, rows, training)
+                moved = call_bytes(stage, layer, plan.widths, shape.features, rows, training, setup.static_cached)
+                call = (env.invoke_s + env.call_s + exchanges(stage, training) * env.round_trip_s
+                        + moved / env.call_link + work.seconds(env.function))
+                seconds = max(waves * call, I * moved / env.server_link)
+                calls += I * shape.parts
+                billed_s += I * shape.parts * max(0.001, math.ceil((call - env.invoke_s) * 1000) / 1000)
+                graph = False
+            else:  # cpu, gpu: the model's compute in the graph server; weights and gradient over the network
+                messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
+                seconds = task_work(stage, layer, n, training).seconds(env.server) + waves * messages * env.round_trip_s
+                graph = True  # the same machine as Gather: nothing to overlap
+            seconds += env.stage_s
+            key = stage.task.lower() + ("_eval" if pass_name == "eval" else "") + "_s"
+            task_s[key] = task_s.get(key, 0.0) + seconds
+            if stage.kind in ("gather", "gather_backward"):  # intervals meet: a new segment starts
+                epoch_s += _segment(setup, graph_side, function_side)
+                graph_side, function_side = seconds, 0.0
+            elif graph:
+                graph_side += seconds
+            else:
+                function_side += seconds
+        epoch_s += _segment(setup, graph_side, function_side)
+    weights = sum(layer.in_dim * layer.out_dim for layer in spec.layers)
+    epoch_s += ADAM_PASSES * weights / env.server.elementwise_per_s + POLL_S / 2 + env.round_trip_s
+    billed_gb_s = billed_s * setup.lambda_memory_mb / 1024
+    pricing = Pricing(graph_server_instance=setup.graph_server, graph_servers=setup.instances,
+                      param_server_instance=setup.param_server, param_servers=1,
+                      lambda_memory_mb=setup.lambda_memory_mb if setup.backend == "lambda" else None, prices=prices)
+    components = pricing.epoch_cost(epoch_s, billed_gb_s, calls)
+    cost = sum(components.values())
+    return Prediction(setup=setup, shape=shape, where=env.where, epoch_s=epoch_s, task_s=task_s, calls=calls,
+                      billed_gb_s=billed_gb_s, cost_by_component_usd=components, cost_usd=cost,
+                      value=value(epoch_s, cost), memory_gib=server_memory_bytes(shape, setup) / 2 ** 30)
+
+
+def _segment(setup: Setup, graph_side: float, function_side: float) -> float:
+    """A segment's seconds: the sum (sync), or a two-stage pipeline of the intervals (pipe)."""
+    if setup.mode == "sync":
+        return graph_side + function_side
+    return max(graph_side, function_side) + min(graph_side, function_side) / setup.intervals
+
+
+def best(predictions: Iterable[Prediction]) -> Prediction:
+    """The prediction of highest value."""
+    return max(predictions, key=lambda p: p.value)
+
+

@@ -1,0 +1,227 @@
+"""Choosing configurations to predict: at scale on AWS, and on this machine.
+
+At scale (:func:`plan_scale`), for each workload of :data:`dorylus.plan.catalog.WORKLOADS`:
+
+* (a) ``lambda``: CPU graph servers with Lambda functions for the tensor work;
+* (b) ``cpu``: the same graph servers doing the tensor work themselves;
+* (c) ``gpu``: GPU instances, one graph server per GPU.
+
+Graph servers: the fewest whose largest partition fits in ``memory_fraction`` of a server's
+memory (of a GPU's, for ``gpu``), ghost rows included (:func:`dorylus.plan.model.server_memory_bytes`).
+Intervals: ``cpu`` one per vCPU; ``gpu`` one; ``lambda`` the count (a power of two up to the
+account's concurrency over the servers) and the function's memory (:data:`LAMBDA_MEMORY_MB`,
+unless given) of highest predicted value among those whose calls fit in the function's memory,
+every call of a stage at once.
+
+On this machine (:func:`plan_local`): the setup ``dorylus train`` would run with the same
+options, priced as that run is priced (:meth:`dorylus.cost.Pricing.of_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dorylus.cost import DEFAULT_PRICES, default_graph_server_instance
+from dorylus.errors import ConfigError
+from dorylus.plan import environment
+from dorylus.plan.calibration import Calibration
+from dorylus.plan.catalog import GIB, LAMBDA, WORKLOADS, Workload, instance
+from dorylus.plan.model import Prediction, Setup, Shape, best, even_shape, gcn_plan, predict, \
+    row_bytes, server_memory_bytes
+
+MAX_PARTS = 4096
+LAMBDA_MEMORY_MB = (512, 1024, 1769, 3008)  # function sizes the planner tries: a third of a vCPU to 1.7 vCPUs
+LAMBDA_RUNTIME_MB = 100  # the Python runtime, numpy and pyzmq inside a function
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    """What the scale table assumes (each a ``dorylus plan`` option)."""
+
+    hidden: int = 128
+    layers: int = 2
+    cut_fraction: float = 0.5
+    lambda_memory_mb: int | None = None  # None: the best of LAMBDA_MEMORY_MB
+    lambda_server: str = "c5n.2xlarge"
+    cpu_server: str = "c5n.2xlarge"
+    gpu_server: str = "p3.2xlarge"
+    param_server: str = "c5.xlarge"
+    mode: str = "pipe"
+    evaluate: bool = False
+    memory_fraction: float = 0.8
+    static_cached: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.memory_fraction <= 1:
+            raise ConfigError(f"plan: memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+
+def fit_parts(workload: Workload, setup: Setup, capacity_bytes: float, cut_fraction: float) -> Shape:
+    """The shape with the fewest partitions whose largest fits in ``capacity_bytes``."""
+    for parts in range(1, MAX_PARTS + 1):
+        shape = even_shape(workload.vertices, workload.edges, workload.features, workload.classes, parts,
+                           cut_fraction)
+        if server_memory_bytes(shape, replace(setup, parts=parts)) <= capacity_bytes:
+            return shape
+    raise ConfigError(f"plan: {workload.name} does not fit in {MAX_PARTS} graph servers of "
+                      f"{capacity_bytes / GIB:.1f} GiB each")
+
+
+def call_fits(shape: Shape, setup: Setup, memory_fraction: float) -> bool:
+    """Whether every function call's rows (its inputs and outputs, and as much again for
+    temporaries) fit in the function's memory beside the runtime."""
+    _, plan = gcn_plan(shape, setup)
+    rows = shape.owned / setup.intervals
+    widest = max(sum(row_bytes(name, plan.widths, shape.features) for name in (*s.reads, *s.writes))
+                 for s in plan.train if s.kind == "function")
+    need = 2 * rows * widest
+    return need <= (memory_fraction * setup.lambda_memory_mb - LAMBDA_RUNTIME_MB) * 2 ** 20
+
+
+def plan_workload(workload: Workload, calibration: Calibration, options: ScaleOptions) -> list[Prediction]:
+    """Predictions of (a) lambda, (b) cpu and (c) gpu for ``workload`` (see the module docstring)."""
+    o = options
+    common = dict(hidden=o.hidden, layers=o.layers, param_server=o.param_server, mode=o.mode, evaluate=o.evaluate,
+                  static_cached=o.static_cached)
+    predictions = []
+    for backend, server_type in (("lambda", o.lambda_server), ("cpu", o.cpu_server), ("gpu", o.gpu_server)):
+        machine = instance(server_type, gpu=backend == "gpu")
+        per_instance = machine.gpus if backend == "gpu" else 1
+        capacity = o.memory_fraction * GIB * (machine.memory_gib if backend != "gpu" else
+                                              environment.GPUS[machine.gpu].memory_gib)
+        intervals = {"lambda": 1, "cpu": machine.vcpus, "gpu": 1}[backend]
+        setup = Setup(backend=backend, graph_server=server_type, parts=1, intervals=intervals, functions=intervals,
+                      lambda_memory_mb=o.lambda_memory_mb or LAMBDA_MEMORY_MB[-1],
+                      graph_servers_per_instance=per_instance, **common)
+        shape = fit_parts(workload, setup, capacity, o.cut_fraction)
+        setup = replace(setup, parts=shape.parts)
+        if backend == "lambda":
+            limit = max(1, LAMBDA.account_concurrency // shape.parts)
+            counts = [2 ** k for k in range(int(math.log2(limit)) + 1)]
+            sizes = (o.lambda_memory_mb,) if o.lambda_memory_mb else LAMBDA_MEMORY_MB
+            fitting = [replace(setup, intervals=i, functions=i, lambda_memory_mb=mb) for mb in sizes for i in counts
+                       if call_fits(shape, replace(setup, intervals=i, lambda_memory_mb=mb), o.memory_fraction)]
+            if not fitting:
+                raise ConfigError(f"plan: {workload.name}'s function calls do not fit in {max(sizes)} MB even as "
+                                  f"{limit} intervals per graph server")
+            prediction = best(predict(shape, s, environment.aws(calibration, s)) for s in fitting)
+        else:
+            prediction = predict(shape, setup, environment.aws(calibration, setup))
+        prediction.notes.append(f"{workload.name}: {workload.source}")
+        predictions.append(prediction)
+    return predictions
+
+
+def plan_scale(calibration: Calibration, options: ScaleOptions = ScaleOptions(),
+               workloads: list[str] | None = None) -> list[Prediction]:
+    names = workloads or list(WORKLOADS)
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise ConfigError(f"plan: unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    return [p for name in names for p in plan_workload(WORKLOADS[name], calibration, options)]
+
+
+# --------------------------------------------------------------------------- this machine
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """A local run's options, with ``dorylus train``'s defaults."""
+
+    backend: str = "lambda"
+    parts: int | None = None
+    intervals: int = 2
+    functions: int | None = None  # default: intervals (the autotuner starts at min(intervals, 4))
+    hidden: int = 16
+    layers: int = 2
+    lambda_memory_mb: int = 1024
+    graph_server_instance: str | None = None
+    param_server_instance: str = "c5.xlarge"
+    mode: str = "sync"
+    evaluate: bool = True
+    cut_fraction: float = 0.5
+    static_cached: float = 0.0
+
+
+def local_shape(dataset: str | None, partitions: str | None, parts: int | None, cut_fraction: float) -> Shape:
+    """The graph of a preset or dataset file (partitioned evenly into ``parts``, 2 by default),
+    or of a partition store (its real partitions)."""
+    if partitions is not None:
+        from dorylus.partition import open_store
+
+        store = open_store(partitions, verify=False)
+        if parts not in (None, store.num_parts):
+            raise ConfigError(f"plan: --parts {parts} disagrees with the partition store {partitions}, which has "
+                              f"{store.num_parts} parts")
+        from dorylus.plan.model import store_shape
+
+        return store_shape(store)
+    if dataset is None:
+        raise ConfigError("plan: name a --dataset or --partitions to predict a local run")
+    from dorylus.data.synthetic import PRESETS
+
+    if dataset in PRESETS:
+        spec = PRESETS[dataset]
+        sizes = (spec.num_nodes, spec.num_edges, spec.num_features, spec.num_classes)
+    else:
+        from dorylus.data.loaders import load_dataset
+
+        data = load_dataset(dataset)
+        edges = data.num_edges if data.directed else 2 * data.num_edges  # symmetrized, as training does
+        sizes = (data.num_nodes, edges, data.num_features, data.num_classes)
+    return even_shape(*sizes, parts=parts or 2, cut_fraction=cut_fraction)
+
+
+def plan_local(calibration: Calibration, shape: Shape, options: LocalOptions) -> Prediction:
+    o = options
+    setup = Setup(backend=o.backend, graph_server=o.graph_server_instance or default_graph_server_instance(o.backend),
+                  parts=shape.parts, intervals=o.intervals, functions=min(o.functions or o.intervals, o.intervals),
+                  hidden=o.hidden, layers=o.layers, lambda_memory_mb=o.lambda_memory_mb,
+                  param_server=o.param_server_instance, mode=o.mode, evaluate=o.evaluate,
+                  static_cached=o.static_cached)
+    for name in (setup.graph_server, setup.param_server):
+        if name not in DEFAULT_PRICES.ec2_hour_usd:
+            raise ConfigError(f"plan: instance type {name!r} is not in the price table")
+    return predict(shape, setup, environment.local(calibration, setup))
+
+
+def measured_epoch_s(run_dir: str | Path, skip: int = 1) -> tuple[float, int]:
+    """The median ``epoch_s`` of a run's epochs after the first ``skip`` (start-up: cold caches,
+    first calls), and how many epochs that is."""
+    from dorylus.report import load_run
+
+    history = load_run(run_dir).metrics
+    timed = [m["epoch_s"] for m in history[skip:]] or [m["epoch_s"] for m in history]
+    return statistics.median(timed), len(timed)
+
+
+def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
+    """The :class:`LocalOptions` and shape of an existing run directory (its config.json and
+    partition store), to predict the same run."""
+    from dorylus.report import load_run
+
+    run = load_run(run_dir)
+    c = run.config
+    if c.get("backend") not in ("lambda", "cpu", "gpu"):
+        raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts lambda, cpu "
+                          f"and gpu runs")
+    if c.get("model", "gcn") != "gcn":
+        raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models gcn")
+    store = c.get("partitions") or str(Path(run_dir) / "partitions")
+    options = LocalOptions(backend=c["backend"], intervals=c["intervals"], functions=c.get("functions"),
+                           hidden=c["hidden"], layers=c["layers"], lambda_memory_mb=c["lambda_memory_mb"],
+                           graph_server_instance=c.get("graph_server_instance"),
+                           param_server_instance=c["param_server_instance"],
+                           mode="sync" if c.get("mode", "sync") == "sync" else "pipe",
+                           evaluate=c.get("eval_every", 1) == 1)
+    return options, local_shape(None, store, None, options.cut_fraction)
+
+
+def to_json(predictions: list[Prediction], calibration: Calibration) -> str:
+    out: dict[str, Any] = {"calibration": calibration.to_dict(), "predictions": [p.to_dict() for p in predictions]}
+    return json.dumps(out, indent=2) + "\n"

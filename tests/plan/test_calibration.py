@@ -1,0 +1,91 @@
+"""Calibration: measurements return sane figures, files round-trip, bad files name themselves,
+and the runtime's costs are solved from measured runs as documented."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import pytest
+
+from dorylus.errors import ConfigError
+from dorylus.plan import calibration as cal_module
+from dorylus.plan import runtime
+from dorylus.plan.calibration import Calibration, Rates
+
+RATES = Rates(gather=((1e6, 2e9), (1e8, 1e9)), matmul_per_s=4e10, dropout_per_s=1e8, elementwise_per_s=2e9,
+              softmax_per_s=1e8)
+CAL = Calibration(host="test", cores=2, measured_at="2025-01-01T00:00:00", cpu=RATES, loopback_bytes_per_s=2e9,
+                  round_trip_s=5e-5, invoke_s=1e-3, stage_s=0.002, call_s=0.01)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = tmp_path / "cal.json"
+    CAL.save(path)
+    assert Calibration.load(path) == CAL
+    with_gpu = dataclasses.replace(CAL, gpu=RATES, gpu_name="NVIDIA H100 80GB HBM3")
+    with_gpu.save(path)
+    assert Calibration.load(path) == with_gpu
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "is not valid JSON"),
+    ("[]", "expected a JSON object"),
+    ('{"format": 99}', "format must be 1"),
+    (None, "round_trip_s must be a positive number"),
+    (None, "cpu: .*unexpected keyword"),
+    (None, "gather must be"),
+])
+def test_bad_calibration_file_names_itself(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    if content is None:
+        values = CAL.to_dict()
+        if "round_trip" in message:
+            values["round_trip_s"] = -1
+        elif "keyword" in message:
+            values["cpu"]["flops"] = 1
+        else:
+            values["cpu"]["gather"] = [[2, 1], [1, 1]]
+        content = json.dumps(values)
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"calibration file .*bad.json.*{message}"):
+        Calibration.load(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        Calibration.load(tmp_path / "missing.json")
+
+
+def test_kernel_rates_are_measured_on_this_machine():
+    curve = cal_module.gather_curve(rows=2_000, nnz=50_000, operand_mb=(0.5, 8))
+    assert [size for size, _ in curve] == [0.5 * 2 ** 20, 8 * 2 ** 20] and all(rate > 1e6 for _, rate in curve)
+    assert cal_module.matmul_rate() > 1e8
+    dropout, plain = cal_module.prepare_rates(rows=2_000, width=32)
+    assert 1e5 < dropout < plain  # regenerating the dropout mask costs more than the activation alone
+    assert cal_module.softmax_rate(rows=2_000) > 1e5
+    bandwidth, round_trip = cal_module.zmq_loopback(message_bytes=1 << 20, messages=3, pings=20)
+    assert bandwidth > 1e7 and 0 < round_trip < 0.1
+
+
+def test_measure_without_emulator_or_runtime(monkeypatch):
+    progress = []
+    calibration = cal_module.measure(progress.append, emulator=False, runtime=False)
+    assert calibration.invoke_s is None and calibration.call_s is None and calibration.stage_s == 0
+    assert calibration.cores >= 1 and calibration.cpu.matmul_per_s > 0
+    assert any("gather" in line for line in progress)
+
+
+def test_runtime_costs_are_solved_from_measured_runs(monkeypatch):
+    # Truth: work takes 2x its kernels' time, 3 ms per stage, 5 ms more per function call.
+    model = {"tiny-cpu": (0.01, 10, 4), "small-cpu": (0.1, 10, 4), "small-lambda": (0.2, 10, 4)}
+    measured = {key: 2 * w + s * 0.003 + (f * 0.005 if key.endswith("lambda") else 0)
+                for key, (w, s, f) in model.items()}
+    monkeypatch.setattr(runtime, "tiny_dataset", lambda: types.SimpleNamespace(name="tiny", num_nodes=1))
+    monkeypatch.setattr(runtime, "small_dataset", lambda: types.SimpleNamespace(name="small", num_nodes=2))
+    monkeypatch.setattr(runtime, "measured_run", lambda backend, dataset, run_dir: measured[run_dir.name])
+    monkeypatch.setattr(runtime, "modelled", lambda run_dir, backend, calibration: model[run_dir.name])
+    solved = runtime.overheads(CAL)
+    assert solved.contention == pytest.approx(2.0)
+    assert solved.stage_s == pytest.approx(0.003)
+    assert solved.call_s == pytest.approx(0.005)
+    without_lambda = runtime.overheads(CAL, lambda_backend=False)
+    assert without_lambda.call_s is None and without_lambda.stage_s == pytest.approx(0.003)
