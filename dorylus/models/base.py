@@ -40,7 +40,7 @@ function container keeps them between calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,9 @@ FUNCTION, VERTEX, GATHER, GATHER_BACKWARD = "function", "vertex", "gather", "gat
 PIN = "pin"        # the newest version, pinned under (part, interval, epoch, layer)
 STASH = "stash"    # the version the same key pinned in the forward pass
 NEWEST = "newest"  # the newest version, not pinned (evaluation)
+
+# Stages that end in the loss: in an evaluation pass they only count correct predictions.
+LOSS_TASKS = ("LOSS", "AV_LOSS")
 
 # Inputs every graph server holds for its owned rows: features, global ids, labels, split codes.
 STATIC = ("X", "ids", "labels", "split")
@@ -83,6 +86,15 @@ class Plan:
     train: tuple[Stage, ...]
     evaluate: tuple[Stage, ...]
     widths: dict[str, int] = field(default_factory=dict)  # buffer name -> columns (static names excluded)
+
+    @classmethod
+    def of(cls, forward: list[Stage], backward: list[Stage], widths: dict[str, int]) -> "Plan":
+        """The training pass is ``forward + backward``; the evaluation pass is the forward one with
+        the newest weights unpinned, no gradient, and loss stages that write nothing (their
+        accuracy counts are what evaluation wants)."""
+        evaluate = tuple(replace(s, weights=NEWEST if s.weights else None, grad=False,
+                                 writes=() if s.task in LOSS_TASKS else s.writes) for s in forward)
+        return cls(train=tuple(forward + backward), evaluate=evaluate, widths=widths)
 
     @property
     def ghosted(self) -> frozenset[str]:

@@ -34,13 +34,12 @@ functions use torch's kernels and run on graph servers only.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
 from dorylus.masks import keep_edge_mask
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, Plan, Result, Stage
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage
 from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
@@ -69,9 +68,7 @@ def build_plan(spec: ModelSpec) -> Plan:
                               args=edge_args),
                         Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", src, "ids"),
                               () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
-    evaluate = tuple(replace(s, weights=NEWEST if s.weights else None, grad=False,
-                             writes=() if s.task == "LOSS" else s.writes) for s in forward)
-    return Plan(train=tuple(forward + backward), evaluate=evaluate, widths=widths)
+    return Plan.of(forward, backward, widths)
 
 
 def weight_shape(layer: LayerSpec) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, VERTEX, Plan, Result, Stage
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage
 from dorylus.models.ops import (as_float32, check_shape, dense, loss_stage, matmul, prepare, prepare_backward,
                                 softmax_cross_entropy)
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
@@ -85,9 +85,7 @@ def build_plan(spec: ModelSpec) -> Plan:
                 own_backward += [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dZ{l}",), (f"dH{l}",)),
                                  Stage(VERTEX, "PREP_BWD", l, (f"dH{l}", src, "ids"), grad_src, args=args)]
             backward[:0] = own_backward
-    train = tuple(forward + backward)
-    evaluate = tuple(_for_evaluation(s) for s in forward)
-    return Plan(train=train, evaluate=evaluate, widths=widths)
+    return Plan.of(forward, backward, widths)
 
 
 def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
@@ -106,14 +104,6 @@ def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int
     from dorylus.models.reference import aggregate, dense_input
 
     return aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, dense_input(h)) @ weight
-
-
-def _for_evaluation(stage: Stage) -> Stage:
-    """The forward stage without dropout's key use, weights unpinned and no gradient."""
-    from dataclasses import replace
-
-    loss = stage.task in ("LOSS", "AV_LOSS")
-    return replace(stage, weights=NEWEST if stage.weights else None, grad=False, writes=() if loss else stage.writes)
 
 
 # ----------------------------------------------------------------------------- vertex functions

@@ -24,12 +24,11 @@ and the loss are as in :mod:`dorylus.models.gcn`. Torch-free: this module ships 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, VERTEX, Plan, Result, Stage
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage
 from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
@@ -52,9 +51,7 @@ def build_plan(spec: ModelSpec) -> Plan:
         backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",)),
                         Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"),
                               () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
-    evaluate = tuple(replace(s, weights=NEWEST if s.weights else None, grad=False,
-                             writes=() if s.task == "LOSS" else s.writes) for s in forward)
-    return Plan(train=tuple(forward + backward), evaluate=evaluate, widths=widths)
+    return Plan.of(forward, backward, widths)
 
 
 def weight_shape(layer: LayerSpec) -> tuple[int, int]:
