@@ -53,8 +53,16 @@ def test_round_trip_and_arrays():
     np.testing.assert_array_equal(s.entry_rows(), np.nonzero(x)[0])
 
 
+@pytest.fixture(params=["sparse-route", "dense-route"])
+def route(request, monkeypatch):
+    """Products through gathered terms, or through dense row blocks of 5 rows (and BLAS)."""
+    monkeypatch.setattr(sparse, "DENSE_ROUTE", float("inf") if request.param == "sparse-route" else 0.0)
+    monkeypatch.setattr(sparse, "DENSE_BLOCK_ELEMENTS", 37 * 5)
+    return request.param
+
+
 @pytest.mark.parametrize("k", [1, 16])
-def test_products_equal_dense(chunk, k):
+def test_products_equal_dense(chunk, route, k):
     x = sparse_matrix()
     s = SparseRows.from_dense(x)
     rng = np.random.default_rng(1)
@@ -69,7 +77,7 @@ def test_products_equal_dense(chunk, k):
 
 
 @pytest.mark.parametrize("a, b", [(0, 120), (1, 60), (59, 64), (118, 120), (30, 30)])
-def test_slices_are_views_and_multiply_like_dense(chunk, a, b):
+def test_slices_are_views_and_multiply_like_dense(chunk, route, a, b):
     x = sparse_matrix()
     s = SparseRows.from_dense(x)
     part = s[a:b]
