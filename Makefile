@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow bench clean
+.PHONY: venv demo test test-slow check-terraform bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,16 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
+## check-terraform: `terraform fmt -check` and checkov (its own venv: it pins an old boto3)
+CHECKOV_VENV := .venv-checkov
+check-terraform:
+	terraform fmt -check -recursive terraform/
+	test -x $(CHECKOV_VENV)/bin/checkov || ($(PYTHON) -m venv $(CHECKOV_VENV) && \
+		$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30)
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework terraform -d terraform/
+
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CHECKOV_VENV) build *.egg-info
