@@ -41,14 +41,34 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_or_resume(args: argparse.Namespace) -> dict:
     from dorylus.config import config_from_args, overrides_from_args
     from dorylus.data.loaders import load_dataset
-    from dorylus.training import check_new_run, resume_training, run_training
+    from dorylus.training import ClusterArgs, check_new_run, resume_training, run_cluster_training, run_training
 
+    cluster = None
+    if args.cluster:
+        cluster = ClusterArgs(args.cluster, args.keys, args.cluster_wait_s)
+    elif args.keys is not None:
+        raise ConfigError("--keys names the coordinator's CURVE keys of a cluster; it needs --cluster "
+                          "(a local run makes its own with --curve)")
     if args.resume:
         if args.config:
             raise ConfigError("--resume continues with the run's own config.json; --config cannot be combined with it")
-        return resume_training(args.resume, overrides_from_args(args))
+        return resume_training(args.resume, overrides_from_args(args), cluster=cluster)
+    if cluster is not None:
+        if args.dataset is not None:
+            raise ConfigError("--cluster trains on the cluster file's partition store; --dataset does not apply")
+        return run_cluster_training(config_from_args(args), cluster)
     config = check_new_run(config_from_args(args))
     return run_training(config, None if config.partitions else load_dataset(config.dataset))
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from dorylus.curve import ROLES, TFVARS_FILE, write_keys
+
+    written = write_keys(args.out)
+    print(f"wrote CURVE key pairs of {', '.join(ROLES)} into {args.out} (mode 0600): "
+          f"{len(written)} files; {args.out / TFVARS_FILE} holds them as Terraform's curve_public_keys and "
+          f"curve_secret_keys (terraform apply -var-file={args.out / TFVARS_FILE})")
+    return 0
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
@@ -163,7 +183,28 @@ def build_parser() -> argparse.ArgumentParser:
                                        "then flags. Writes config.json, metrics.jsonl, checkpoint.pt and summary.json "
                                        "into the run directory.")
     add_config_arguments(train)
+    train.add_argument("--cluster", metavar="FILE",
+                       help="cluster mode: train on the graph and parameter servers already running at the addresses "
+                            "of FILE (`terraform output -json cluster`, or the same shape by hand; see README), "
+                            "invoking the function it names; every connection uses CURVE. The servers must run "
+                            "this run's training config (the coordinator checks) and are stopped at the end")
+    train.add_argument("--keys", metavar="DIR", type=Path,
+                       help="with --cluster: the CURVE keys directory of `dorylus keys` (default: the cluster file's "
+                            "\"keys\", else the cluster's SSM parameters)")
+    train.add_argument("--cluster-wait-s", type=float, default=120.0, metavar="S",
+                       help="with --cluster: how long to wait for servers that are still starting (default: 120)")
     train.set_defaults(func=cmd_train)
+
+    keys = sub.add_parser("keys", help="make CURVE key pairs for the roles of a cluster",
+                          description="Write a new CURVE key pair for each role (coordinator, graphserver, paramserver, "
+                                      "function) into DIR as <role>.public and <role>.secret (Z85 text, mode 0600), and "
+                                      "curve.tfvars.json with all of them as the Terraform module's curve_public_keys "
+                                      "and curve_secret_keys. Servers take --keys DIR, `dorylus train --cluster` takes "
+                                      "--keys DIR; the function reads its keys from DORYLUS_CURVE_* environment "
+                                      "variables (Terraform sets them). Refuses to overwrite existing keys.")
+    keys.add_argument("--out", required=True, type=Path, metavar="DIR",
+                      help="directory to write into (created mode 0700 if missing)")
+    keys.set_defaults(func=cmd_keys)
 
     part = sub.add_parser("partition", help="partition a dataset into a partition store",
                           description="Partition a dataset and write the partition store (meta.json + part-<i>/), "

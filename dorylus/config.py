@@ -23,6 +23,24 @@ MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
 MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
 
 
+# Fields only the coordinator (or the local emulator, or pricing) reads: a cluster-mode run may
+# set them as it likes. Every other field changes what the servers compute or how they run, so
+# a cluster's servers must have been started with the coordinator's values.
+COORDINATOR_FIELDS = frozenset({
+    "dataset", "partitions", "parts", "partition_method", "epochs", "eval_every", "checkpoint_every", "run_dir",
+    "watchdog_min_s", "watchdog_factor", "function_handler", "lambda_memory_mb", "lambda_start_latency_ms",
+    "lambda_cold_start_ms", "lambda_keep_warm_s", "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like",
+    "fault_raise", "fault_crash", "fault_hang", "fault_straggle", "fault_straggle_factor", "fault_seed",
+    "graph_server_instance", "param_server_instance", "curve",
+})
+
+
+def server_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a config (``TrainConfig.to_dict()``) that the servers use: every field but
+    :data:`COORDINATOR_FIELDS`. Flat scalars, so that they travel as a message's ``meta``."""
+    return {name: value for name, value in config.items() if name not in COORDINATOR_FIELDS}
+
+
 def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
@@ -103,6 +121,14 @@ class TrainConfig:
                                  "that runs longer than max(this, watchdog_factor x its moving mean), stops "
                                  "the run with a checkpoint")
     watchdog_factor: float = _opt(10.0, "watchdog: multiple of a phase's moving mean duration it may take")
+    curve: bool = _opt(False, "encrypt and authenticate every ZeroMQ connection of a local run with CURVE "
+                       "(ephemeral keys in the run directory, removed when it ends); cluster mode always does, "
+                       "with the keys of `dorylus keys`. Off by default: it costs 10 to 15 percent of an epoch "
+                       "on synthetic-1m (README, Transport security)")
+    max_message_mb: float | None = _opt(None, "largest ZeroMQ frame a role accepts, in MB; a larger one makes "
+                                        "ZeroMQ drop the connection. Default: per receiver, twice the largest "
+                                        "legitimate frame (its partition's rows x widest buffer; the largest "
+                                        "weight) plus 64 KB, at least 1 MB")
     checkpoint_every: int = _opt(10, "write checkpoint.pt every K epochs (also at the end, on Ctrl-C/SIGTERM "
                                  "and when a role fails)")
     epochs: int = _opt(200, "number of training epochs")
@@ -160,6 +186,8 @@ class TrainConfig:
             (math.isfinite(self.watchdog_min_s) and self.watchdog_min_s > 0, "watchdog_min_s must be > 0"),
             (math.isfinite(self.watchdog_factor) and self.watchdog_factor >= 1, "watchdog_factor must be >= 1"),
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
+            (self.max_message_mb is None or (math.isfinite(self.max_message_mb) and self.max_message_mb >= 1),
+             "max_message_mb must be >= 1"),
         ]
         from dorylus.cost import DEFAULT_PRICES
 
@@ -204,7 +232,8 @@ class TrainConfig:
 
 
 def _field_type(f: dataclasses.Field) -> type:
-    return {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "int | None": int}[str(f.type)]
+    return {"str": str, "int": int, "float": float, "bool": bool, "str | None": str, "int | None": int,
+            "float | None": float}[str(f.type)]
 
 
 def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:

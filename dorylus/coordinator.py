@@ -1,9 +1,13 @@
-"""The coordinator of a local-mode distributed run: starts every role, drives epochs, stops them.
+"""The coordinator of a distributed run: reaches every role, drives epochs, stops them.
 
-``LocalCluster`` starts the parameter server and one graph server per partition as child
-processes (logs in ``<run dir>/logs``), and for the ``lambda`` backend a Lambda emulator whose
-worker processes run the function. It stops all of them on success, on error and on Ctrl-C;
-children also exit on their own when the coordinator disappears.
+``Cluster`` is what the training loop needs of the roles, wherever they run: sockets to the
+parameter server and the graph servers, commands with the watchdog's bounds, and SHUTDOWN at
+the end. ``LocalCluster`` starts the parameter server and one graph server per partition as
+child processes (logs in ``<run dir>/logs``), and for the ``lambda`` backend a Lambda emulator
+whose worker processes run the function. It stops all of them on success, on error and on
+Ctrl-C; children also exit on their own when the coordinator disappears. With ``curve`` on,
+every connection uses CURVE with ephemeral keys in ``<run dir>/keys`` (removed at the end).
+``RemoteCluster`` (:mod:`dorylus.remote`) connects to servers that are already running.
 
 ``DistributedTrainer`` has the reference trainer's interface (``step(epoch) -> metrics``); the
 graph servers run the epochs themselves (:mod:`graphserver.scheduler`) and the coordinator
@@ -17,6 +21,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dorylus import protocol
+from dorylus import curve, protocol, sockets
 from dorylus.config import TrainConfig
 from dorylus.cost import Pricing, epoch_metrics
 from dorylus.errors import DorylusError
@@ -59,6 +64,10 @@ class _Child:
             return ""
         return "\n".join(text[-lines:])
 
+    def where(self) -> str:
+        """How a report names it: pid, state and log."""
+        return f"pid {self.process.pid}, {self.state()}; its log: {self.log}"
+
     def state(self) -> str:
         """The kernel's word for the process: running, sleeping, stopped (SIGSTOP), ..."""
         try:
@@ -84,17 +93,17 @@ class Watchdog:
     PING_S = 1.0
     WINDOW = 10  # epochs in the moving mean
 
-    def __init__(self, ctx: zmq.Context, min_s: float, factor: float, first_s: float):
-        self.ctx, self.min_s, self.factor, self.first_s = ctx, min_s, factor, first_s
-        self.roles: list[tuple[_Child, zmq.Socket]] = []
+    def __init__(self, ctx: zmq.Context, min_s: float, factor: float, first_s: float,
+                 keys: curve.Keyring | None = None):
+        self.ctx, self.min_s, self.factor, self.first_s, self.keys = ctx, min_s, factor, first_s, keys
+        self.roles: list[tuple[Any, zmq.Socket]] = []  # (a role with .name and .where(), its socket)
         self.unanswered_since: dict[str, float | None] = {}  # when the oldest unanswered ping was sent
         self.last_ping: dict[str, float] = {}
         self.durations: dict[str, list[float]] = {}
 
-    def watch(self, child: _Child, endpoint: str) -> None:
-        socket = self.ctx.socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(endpoint)
+    def watch(self, child: Any, endpoint: str, server_role: str) -> None:
+        socket = sockets.client_socket(self.ctx, endpoint, keys=self.keys, server_role=server_role,
+                                       max_bytes=sockets.message_limit(0))
         self.roles.append((child, socket))
         self.unanswered_since[child.name], self.last_ping[child.name] = None, 0.0
 
@@ -126,9 +135,8 @@ class Watchdog:
                     self.unanswered_since[child.name] = now
             since = self.unanswered_since[child.name]
             if since is not None and (silent := now - since) > bound_s:
-                raise ClusterError(f"watchdog: {child.name} (pid {child.process.pid}, {child.state()}) has not "
-                                   f"answered a heartbeat for {silent:.0f} s while the run was doing {doing}; "
-                                   f"its log: {child.log}")
+                raise ClusterError(f"watchdog: {child.name} ({child.where()}) has not answered a heartbeat for "
+                                   f"{silent:.0f} s while the run was doing {doing}")
 
     def _drain(self, child: _Child, socket: zmq.Socket) -> None:
         """Take the heartbeat replies that arrived: the role answered."""
@@ -150,7 +158,7 @@ class Watchdog:
                 if reply.op is Op.STATS:
                     if reply.meta.get("oldest_call"):
                         found.append(f"{child.name}: {reply.meta['in_flight']} call(s) in flight, the oldest "
-                                     f"{reply.meta['oldest_call']} (log: {child.log})")
+                                     f"{reply.meta['oldest_call']} ({child.where()})")
                     break
         return "; ".join(found) or "no function call in flight"
 
@@ -181,27 +189,35 @@ def role_environment() -> dict[str, str]:
     return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
 
 
-class LocalCluster:
-    """Every process of a local-mode run; use as a context manager."""
+class Cluster:
+    """The roles of one run as the training loop sees them (:class:`DistributedTrainer`): a
+    socket to the parameter server and one per graph server (CURVE clients with the
+    coordinator's key when ``keys`` is given), commands awaited under the watchdog's bounds,
+    and SHUTDOWN for every role at the end. Subclasses start or find the roles (:meth:`start`)
+    and may check that they are alive (:meth:`_check_alive`). Use as a context manager."""
 
-    def __init__(self, config: TrainConfig, store: PartitionStore, run_dir: Path, config_file: Path):
+    def __init__(self, config: TrainConfig, store, run_dir: Path | None, keys: curve.Keyring | None):
         self.config = config
         self.store = store
-        self.run_dir = Path(run_dir)
-        self.config_file = config_file
-        self.children: list[_Child] = []
-        self.emulator = None
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.keys = keys
         self.ctx = zmq.Context()
         self.servers: list[zmq.Socket] = []
         self.ps: zmq.Socket | None = None
         self.ps_endpoint = ""
         self.intervals = 0
         self._ids = itertools.count(1)
-        self.watchdog = Watchdog(self.ctx, config.watchdog_min_s, config.watchdog_factor, config.task_timeout_s)
+        self.watchdog = Watchdog(self.ctx, config.watchdog_min_s, config.watchdog_factor, config.task_timeout_s,
+                                 keys=keys)
+        meta = store.meta
+        spec = ModelSpec.from_config(config, meta.num_features, meta.num_classes)
+        # What the coordinator receives: weights and optimizer state from the parameter server
+        # (get_state), headers alone from the graph servers.
+        self.ps_max_bytes = sockets.message_limit(sockets.largest_weight_bytes(spec.weight_shapes()),
+                                                  config.max_message_mb)
+        self.graph_max_bytes = sockets.message_limit(0, config.max_message_mb)
 
-    # ------------------------------------------------------------------ start and stop
-
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> "Cluster":
         try:
             self.start()
         except BaseException:
@@ -213,113 +229,43 @@ class LocalCluster:
         self.close()
 
     def start(self) -> None:
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        meta = self.store.meta
-        ps_ready = logs / "paramserver.endpoint"
-        self._spawn("parameter server", logs / "paramserver.log", [
-            "-m", "dorylus.paramserver", "--config", str(self.config_file), "--num-features", str(meta.num_features),
-            "--num-classes", str(meta.num_classes), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ps_ready)], ps_ready)
-        self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
-        self.ps = self._dealer(self.ps_endpoint)
-        self.watchdog.watch(self.children[-1], self.ps_endpoint)
-
-        lambda_args: list[str] = []
-        if self.config.backend == "lambda":
-            from dorylus.emulator import serve
-
-            from dorylus.emulator.faults import FaultPlan
-
-            c = self.config
-            per_server = c.functions or c.intervals
-            # headroom over the calls a graph server runs at once: relaunched attempts run beside stragglers
-            self.emulator = serve(functions={FUNCTION_NAME: c.function_handler},
-                                  concurrency=self.store.num_parts * (per_server + 1),
-                                  memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s,
-                                  physics=emulator_physics(c),
-                                  faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
-                                                   hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
-                                                   straggle_factor=c.fault_straggle_factor, seed=c.fault_seed))
-            lambda_args = ["--lambda-endpoint", self.emulator.url, "--function-name", FUNCTION_NAME]
-
-        ready_files = []
-        threads = max(1, len(os.sched_getaffinity(0)) // self.store.num_parts)
-        for i in range(self.store.num_parts):
-            ready = logs / f"graphserver-{i}.endpoint"
-            ready_files.append(ready)
-            self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
-                "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
-                "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
-                "--threads", str(threads), *lambda_args], ready)
-        endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
-        self.servers = [self._dealer(e) for e in endpoints]
-        for child, endpoint in zip(self.children[1:], endpoints):
-            self.watchdog.watch(child, endpoint)
-        replies = self.command("connect", peers=",".join(endpoints))
-        self.intervals = sum(r["intervals"] for r in replies)
-
-    def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
-        ready_file.unlink(missing_ok=True)  # a resumed run's directory holds the previous roles' files
-        with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
-            process = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=role_environment())
-        self.children.append(_Child(name, process, log))
-
-    def _wait_ready(self, ready_file: Path, child: _Child) -> str:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not ready_file.exists():
-            if child.process.poll() is not None:
-                raise ClusterError(f"{child.name} exited with code {child.process.returncode} while starting; "
-                                   f"its log ({child.log}) ends with:\n{child.tail()}")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{child.name} did not start within {STARTUP_TIMEOUT_S:.0f} s (log: {child.log})")
-            time.sleep(0.05)
-        return ready_file.read_text().strip()
-
-    def _dealer(self, endpoint: str) -> zmq.Socket:
-        socket = self.ctx.socket(zmq.DEALER)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(endpoint)
-        return socket
+        raise NotImplementedError
 
     def close(self) -> None:
-        """Stop every role: ask politely, then terminate, then kill. Safe to call twice."""
+        raise NotImplementedError
+
+    def _dealer(self, endpoint: str, server_role: str) -> zmq.Socket:
+        max_bytes = self.ps_max_bytes if server_role == "paramserver" else self.graph_max_bytes
+        return sockets.client_socket(self.ctx, endpoint, keys=self.keys, server_role=server_role, max_bytes=max_bytes)
+
+    def _connect_graph_servers(self, endpoints: list[str], **meta: Any) -> list[dict[str, Any]]:
+        """Tell every graph server its peers (and, in cluster mode, the function to invoke)."""
+        replies = self.command("connect", peers=",".join(endpoints), **meta)
+        self.intervals = sum(r["intervals"] for r in replies)
+        return replies
+
+    def _shutdown_roles(self) -> dict[zmq.Socket, int]:
+        """Send SHUTDOWN to every role; returns the request id sent on each socket."""
+        sent = {}
         for socket in [*self.servers, *([self.ps] if self.ps else [])]:
             try:
-                protocol.send(socket, Header(Op.SHUTDOWN, req=next(self._ids)))
+                req = next(self._ids)
+                protocol.send(socket, Header(Op.SHUTDOWN, req=req))
+                sent[socket] = req
             except zmq.ZMQError:
                 pass
-        deadline = time.monotonic() + 5.0
-        for child in self.children:
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.terminate()
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.send_signal(signal.SIGCONT)  # a stopped role must run to see SIGTERM
-        for child in self.children:
-            try:
-                child.process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait(timeout=5.0)
-        self.children = []
+        return sent
+
+    def _close_sockets(self) -> None:
         self.watchdog.close()
         for socket in [*self.servers, *([self.ps] if self.ps else [])]:
             socket.close(linger=0)
         self.servers, self.ps = [], None
-        if self.emulator is not None:
-            self.emulator.close()
-            self.emulator = None
-        self.ctx.term()
 
     # ------------------------------------------------------------------ commands
 
     def _check_alive(self) -> None:
-        for child in self.children:
-            if child.process.poll() is not None:
-                raise ClusterError(f"{child.name} exited with code {child.process.returncode}; "
-                                   f"its log ({child.log}) ends with:\n{child.tail()}")
+        """Raise ClusterError if a role is known to be gone (local mode: its process exited)."""
 
     def _await(self, socket: zmq.Socket, req: int, what: str, step: str) -> tuple[Header, list[np.ndarray]]:
         """The reply to ``req``, while the watchdog checks the roles' heartbeats and that the
@@ -365,6 +311,130 @@ class LocalCluster:
         return reply
 
     def emulator_stats(self) -> dict[str, Any]:
+        return {}
+
+
+class LocalCluster(Cluster):
+    """Every process of a local-mode run; use as a context manager."""
+
+    def __init__(self, config: TrainConfig, store: PartitionStore, run_dir: Path, config_file: Path):
+        self.keys_dir = Path(run_dir) / "keys" if config.curve else None
+        keys = self._make_keys() if self.keys_dir is not None else None
+        super().__init__(config, store, run_dir, keys)
+        self.config_file = config_file
+        self.children: list[_Child] = []
+        self.emulator = None
+
+    def _make_keys(self) -> curve.Keyring:
+        """Ephemeral keys for this run (a resumed run makes new ones), removed by :meth:`close`."""
+        shutil.rmtree(self.keys_dir, ignore_errors=True)  # left by a run that was killed
+        curve.write_keys(self.keys_dir)
+        return curve.load_keys(self.keys_dir, "coordinator")
+
+    # ------------------------------------------------------------------ start and stop
+
+    def start(self) -> None:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        meta = self.store.meta
+        keys_args = ["--keys", str(self.keys_dir)] if self.keys_dir is not None else []
+        ps_ready = logs / "paramserver.endpoint"
+        self._spawn("parameter server", logs / "paramserver.log", [
+            "-m", "dorylus.paramserver", "--config", str(self.config_file), "--num-features", str(meta.num_features),
+            "--num-classes", str(meta.num_classes), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ps_ready),
+            *keys_args], ps_ready)
+        self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
+        self.ps = self._dealer(self.ps_endpoint, "paramserver")
+        self.watchdog.watch(self.children[-1], self.ps_endpoint, "paramserver")
+
+        lambda_args: list[str] = []
+        if self.config.backend == "lambda":
+            from dorylus.emulator import serve
+
+            from dorylus.emulator.faults import FaultPlan
+
+            c = self.config
+            per_server = c.functions or c.intervals
+            environment = curve.function_environment(self.keys_dir) if self.keys_dir is not None else None
+            # headroom over the calls a graph server runs at once: relaunched attempts run beside stragglers
+            self.emulator = serve(functions={FUNCTION_NAME: c.function_handler},
+                                  concurrency=self.store.num_parts * (per_server + 1),
+                                  memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s,
+                                  physics=emulator_physics(c),
+                                  faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
+                                                   hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
+                                                   straggle_factor=c.fault_straggle_factor, seed=c.fault_seed),
+                                  environment=environment)
+            lambda_args = ["--lambda-endpoint", self.emulator.url, "--function-name", FUNCTION_NAME]
+
+        ready_files = []
+        threads = max(1, len(os.sched_getaffinity(0)) // self.store.num_parts)
+        for i in range(self.store.num_parts):
+            ready = logs / f"graphserver-{i}.endpoint"
+            ready_files.append(ready)
+            self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
+                "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
+                "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
+                "--threads", str(threads), *lambda_args, *keys_args], ready)
+        endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
+        self.servers = [self._dealer(e, "graphserver") for e in endpoints]
+        for child, endpoint in zip(self.children[1:], endpoints):
+            self.watchdog.watch(child, endpoint, "graphserver")
+        self._connect_graph_servers(endpoints)
+
+    def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
+        ready_file.unlink(missing_ok=True)  # a resumed run's directory holds the previous roles' files
+        with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
+            process = subprocess.Popen([sys.executable, *args, "--exit-with-parent"], stdout=out,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
+                                       env=role_environment())
+        self.children.append(_Child(name, process, log))
+
+    def _wait_ready(self, ready_file: Path, child: _Child) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not ready_file.exists():
+            if child.process.poll() is not None:
+                raise ClusterError(f"{child.name} exited with code {child.process.returncode} while starting; "
+                                   f"its log ({child.log}) ends with:\n{child.tail()}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{child.name} did not start within {STARTUP_TIMEOUT_S:.0f} s (log: {child.log})")
+            time.sleep(0.05)
+        return ready_file.read_text().strip()
+
+    def close(self) -> None:
+        """Stop every role: ask politely, then terminate, then kill. Safe to call twice."""
+        self._shutdown_roles()
+        deadline = time.monotonic() + 5.0
+        for child in self.children:
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGCONT)  # a stopped role must run to see SIGTERM
+        for child in self.children:
+            try:
+                child.process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait(timeout=5.0)
+        self.children = []
+        self._close_sockets()
+        if self.emulator is not None:
+            self.emulator.close()
+            self.emulator = None
+        if not self.ctx.closed:
+            self.ctx.term()
+        if self.keys_dir is not None:
+            shutil.rmtree(self.keys_dir, ignore_errors=True)
+
+    def _check_alive(self) -> None:
+        for child in self.children:
+            if child.process.poll() is not None:
+                raise ClusterError(f"{child.name} exited with code {child.process.returncode}; "
+                                   f"its log ({child.log}) ends with:\n{child.tail()}")
+
+    def emulator_stats(self) -> dict[str, Any]:
         return self.emulator.stats() if self.emulator is not None else {}
 
 
@@ -380,7 +450,7 @@ class DistributedTrainer:
 
     POLL_S = 0.005
 
-    def __init__(self, config: TrainConfig, cluster: LocalCluster):
+    def __init__(self, config: TrainConfig, cluster: Cluster):
         self.config = config
         self.cluster = cluster
         meta = cluster.store.meta

@@ -32,3 +32,29 @@ def check_endpoint(option: str, endpoint: str) -> str:
     if tcp and tcp.group(2) != "*":
         check_port(f"{option} {endpoint}: port", int(tcp.group(2)))
     return endpoint
+
+
+_ADVERTISE = re.compile(r"(\[[^\]\s]+\]|[^:/\[\]\s]+)(?::(\d+))?")
+
+
+def check_advertise(option: str, value: str) -> str:
+    """``value`` if it is ``HOST`` or ``HOST:PORT`` (what a function or peer dials instead of
+    the bound address), else a ConfigError naming ``option``."""
+    match = _ADVERTISE.fullmatch(value)
+    if match is None or match.group(1) in ("*", "0.0.0.0", "[::]"):
+        raise ConfigError(f"{option} {value!r} is not HOST or HOST:PORT of an address others can dial")
+    if match.group(2) is not None and not 1 <= int(match.group(2)) <= 65535:
+        raise ConfigError(f"{option} {value}: port {match.group(2)} is outside 1-65535")
+    return value
+
+
+def advertised_endpoint(bound: str, advertise: str | None) -> str:
+    """The endpoint others dial: ``tcp://`` + ``advertise`` (its port defaults to the bound
+    one), or the bound endpoint itself when nothing is advertised."""
+    if advertise is None:
+        return bound
+    match = _ADVERTISE.fullmatch(check_advertise("--advertise", advertise))
+    tcp = _TCP.fullmatch(bound)
+    if tcp is None:
+        raise ConfigError(f"--advertise {advertise}: only a tcp:// endpoint can be advertised, bound to {bound}")
+    return f"tcp://{match.group(1)}:{match.group(2) or tcp.group(2)}"

@@ -14,8 +14,13 @@ One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3,
     COMMAND set_state {version, epoch,      -> ACK      meta {version, epoch}
                        optimizer}, tensors as get_state returns them
     COMMAND get_weights                     -> WEIGHTS  layer=0, version, [W_0, ..., W_{L-1}]
+    COMMAND config                          -> ACK      meta: the config's fields servers use (server_view)
     STATS                                   -> STATS    meta {pulls, pushes, applied, dropped, ...}
     SHUTDOWN                                -> ACK, then the loop stops
+
+HELLO's READY also says where functions dial this server (``meta["endpoint"]``: the
+``--advertise`` address, else the bound one), its message limit (``max_message_bytes``) and
+whether no run has used it yet (``fresh``).
 
 Weight versions and the stash
 -----------------------------
@@ -59,6 +64,19 @@ step (the last :data:`KEPT_STATES` steps are kept; a version not reached yet is 
 it is). ``set_state`` restores a state (a checkpoint's, on resume) and drops every pin and
 pending gradient. The coordinator writes checkpoints; the parameter server never touches files.
 
+Transport security
+------------------
+With ``keys`` (:mod:`dorylus.curve`) the socket is a CURVE server that admits only the
+coordinator's, the graph servers' and the function's keys, and each role may send only its own
+operations (a function cannot ``set_state``; only the coordinator may SHUTDOWN): others get
+ERROR ``forbidden``. Without keys a SHUTDOWN is accepted and logged with its sender. In every
+mode, a pull or push for an epoch beyond ``stepped + 1 + S + 1`` (``S``: the run's staleness)
+is refused with ``epoch_ahead`` (no scheduler can be there yet), so such requests neither pin
+versions nor buffer gradients that would later win over the real ones; frames above the
+message limit (:mod:`dorylus.sockets`) are dropped by ZeroMQ. The server has no command that
+takes a file path: checkpoints are the coordinator's (``get_state``), so no request can make it
+read or write a file.
+
 Errors
 ------
 Every bad request gets an ERROR reply and is counted (STATS ``errors.<code>``); the loop never
@@ -80,13 +98,15 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from dorylus.endpoints import check_endpoint
+from dorylus import curve, sockets
+from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError, DorylusError
 from dorylus.lifecycle import stop_with_parent
 from dorylus.runs import atomic_write_text
 from dorylus.models.spec import ModelSpec
+from dorylus.roleopts import add_server_arguments, server_options
 from dorylus.protocol import (
-    REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, decode, encode, error_reply, reply_to,
+    REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, check_epoch, decode, encode, error_reply, reply_to,
 )
 
 _POLL_MS = 50  # how often the loop checks for stop(): the bound on shutdown latency
@@ -128,14 +148,28 @@ class ParameterServer:
             weight decays.
         bind: ZeroMQ endpoint; a TCP port of 0 picks a free port (see :attr:`endpoint`).
         context: ZeroMQ context to use; by default the server owns a new one.
+        staleness: the run's staleness bound S; requests for epochs beyond ``stepped + S + 2``
+            are refused (``epoch_ahead``).
+        keys: this server's CURVE keyring (role ``paramserver``); None: no CURVE.
+        advertise: the endpoint functions dial, when it differs from the bound one (a NAT, a
+            wildcard bind); reported in READY.
+        config: the training config it was started with (``TrainConfig.to_dict()``), answered
+            to the ``config`` command so that a cluster-mode coordinator can check it.
+        max_message_bytes: the largest frame accepted; default: from the model's largest weight
+            (:func:`dorylus.sockets.message_limit`).
 
     Run the loop with :meth:`start` (background thread; :meth:`close` stops it) or
     :meth:`serve_forever` (calling thread, until SHUTDOWN or :meth:`stop`).
     """
 
     def __init__(self, spec: ModelSpec, seed: int = 0, optimizer: str = "adam", lr: float = 0.01, *,
-                 bind: str = "tcp://127.0.0.1:0", context: zmq.Context | None = None):
+                 bind: str = "tcp://127.0.0.1:0", context: zmq.Context | None = None, staleness: int = 0,
+                 keys: curve.Keyring | None = None, advertise: str | None = None,
+                 max_message_bytes: int | None = None, config: dict[str, Any] | None = None):
         self.spec = spec
+        self.config = config or {}
+        self.staleness = staleness
+        self.keys = keys
         self.optimizer_name = optimizer
         self.num_layers = len(spec.layers)
         import torch
@@ -162,16 +196,20 @@ class ParameterServer:
         self.counters = ProtocolCounters()
         self._stats: Counter[str] = Counter()
 
+        # Weights and the optimizer's state (set_state) travel one tensor per frame.
+        self.max_message_bytes = max_message_bytes or sockets.message_limit(
+            sockets.largest_weight_bytes(spec.weight_shapes()))
         self._own_context = context is None
         self._context = zmq.Context() if context is None else context
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        self._auth = curve.start_authenticator(self._context, keys) if keys is not None else None
+        self._socket = sockets.server_socket(self._context, keys, self.max_message_bytes)
         try:
             self._socket.bind(_any_port(bind))
         except zmq.ZMQError as exc:
             self._close_socket()
             raise ParamServerError(f"paramserver: cannot bind {bind}: {zmq.strerror(exc.errno).lower()}") from None
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.advertised = advertised_endpoint(self.endpoint, advertise)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handlers: dict[Op, Callable[[Header, list[np.ndarray]], Reply]] = {
@@ -181,6 +219,7 @@ class ParameterServer:
         self._commands: dict[str, Callable[[Header], Reply]] = {
             "step": self._step, "get_state": self._get_state, "set_state": self._set_state,
             "get_weights": self._get_weights, "configure": self._configure, "wait_version": self._wait_version,
+            "config": self._config_reply,
         }
 
     # ------------------------------------------------------------------------- lifecycle
@@ -222,6 +261,9 @@ class ParameterServer:
     def _close_socket(self) -> None:
         if not self._socket.closed:
             self._socket.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._own_context and not self._context.closed:
             self._context.term()
 
@@ -249,6 +291,7 @@ class ParameterServer:
             if handler is None:
                 raise ProtocolError("unknown_op", f"the parameter server does not handle {header.op.value}",
                                     req=header.req)
+            self._authorize(header, frames[1])
             answer = handler(header, tensors)
             if answer is None:  # deferred: answered when the version it waits for exists
                 self._deferred.append((identity, header))
@@ -268,6 +311,17 @@ class ParameterServer:
             self.counters.count(ProtocolError("internal", exc.message))
             payload = encode(error_reply(header, exc))
         self._send(identity, payload)
+
+    def _authorize(self, header: Header, frame: zmq.Frame) -> None:
+        """Refuse what the sender's role may not send (CURVE); log every SHUTDOWN with its sender."""
+        role = curve.sender_role(frame) if self.keys is not None else None
+        why = curve.check_allowed("paramserver", role, header.op.value, header.meta.get("command"))
+        if header.op is Op.SHUTDOWN:
+            print(f"paramserver: SHUTDOWN from {role or 'a client without CURVE'} (identity "
+                  f"{self._identity.hex()}, address {curve.peer_address(frame)}): "
+                  f"{'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
+        if why is not None:
+            raise ProtocolError("forbidden", why, req=header.req)
 
     def _send(self, identity: bytes, payload: list) -> None:
         self._stats["bytes_out"] += sum(memoryview(f).nbytes for f in payload)
@@ -290,7 +344,13 @@ class ParameterServer:
 
     def _hello(self, header: Header, tensors: list[np.ndarray]) -> Reply:
         return reply_to(header, Op.READY, meta={"num_layers": self.num_layers, "version": self._version,
-                                                "optimizer": self.optimizer_name}), []
+                                                "optimizer": self.optimizer_name, "endpoint": self.advertised,
+                                                "max_message_bytes": self.max_message_bytes,
+                                                "fresh": self._fresh()}), []
+
+    def _fresh(self) -> bool:
+        """No run has used this server yet: initial weights, nothing configured, pinned or pending."""
+        return self._version == 0 and self._expected is None and not self._pins and not self._grads
 
     @staticmethod
     def _part(header: Header) -> int:
@@ -303,7 +363,12 @@ class ParameterServer:
     def _stash_key(self, header: Header) -> StashKey:
         return (self._part(header), header.layer, header.epoch, header.interval)
 
+    def _check_epoch(self, header: Header) -> None:
+        """Refuse an epoch no scheduler can be at yet: the oldest unstepped is ``self._epoch + 1``."""
+        check_epoch(header, self._epoch + 1, self.staleness)
+
     def _pull(self, header: Header, tensors: list[np.ndarray]) -> Reply:
+        self._check_epoch(header)
         key = self._stash_key(header)
         wanted = header.meta.get("weights")
         if wanted is not None and wanted not in WEIGHT_REQUESTS:
@@ -352,6 +417,7 @@ class ParameterServer:
         if header.version > self._version:
             raise ProtocolError("out_of_range", f"gradient computed with version {header.version}, "
                                 f"but the newest version is {self._version}", req=header.req)
+        self._check_epoch(header)
         key = self._stash_key(header)
         self._stats["pushes"] += 1
         buffer = self._grads.setdefault((header.epoch, layer), {}) if header.epoch not in self._stepped else None
@@ -460,6 +526,11 @@ class ParameterServer:
         self._step_when_complete()
         return reply_to(header, Op.ACK, meta={"expected": self._expected}), []
 
+    def _config_reply(self, header: Header) -> Reply:
+        from dorylus.config import server_view
+
+        return reply_to(header, Op.ACK, meta=server_view(self.config)), []
+
     def _wait_version(self, header: Header) -> Reply | None:
         if _meta_int(header, "version") > self._version:
             return None
@@ -550,6 +621,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", metavar="PATH",
                         help="after binding, write the actual endpoint into this file (atomically) so that a "
                              "parent process can find the port")
+    add_server_arguments(parser, "paramserver")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -564,17 +636,24 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.num_features < 1 or args.num_classes < 1:
         raise ParamServerError(f"paramserver: --num-features ({args.num_features}) and --num-classes "
                                f"({args.num_classes}) must be >= 1")
+    keys, advertise = server_options(args, "paramserver")
     spec = ModelSpec.from_config(config, args.num_features, args.num_classes)
-    server = ParameterServer(spec, config.seed, config.optimizer, config.lr, bind=args.bind)
+    limit = sockets.message_limit(sockets.largest_weight_bytes(spec.weight_shapes()), config.max_message_mb)
+    server = ParameterServer(spec, config.seed, config.optimizer, config.lr, bind=args.bind,
+                             staleness=config.staleness, keys=keys, advertise=advertise, max_message_bytes=limit,
+                             config=config.to_dict())
     previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    watch = stop_with_parent(server.stop)
+    watch = stop_with_parent(server.stop) if args.exit_with_parent else None
     try:
         if args.ready_file:
             atomic_write_text(Path(args.ready_file), server.endpoint + "\n")
-        print(f"paramserver listening on {server.endpoint}", flush=True)
+        print(f"paramserver listening on {server.endpoint}"
+              + (f", advertised as {server.advertised}" if server.advertised != server.endpoint else "")
+              + (", CURVE on" if keys is not None else ""), flush=True)
         server.serve_forever()
     finally:
-        watch.set()
+        if watch is not None:
+            watch.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()

@@ -73,6 +73,12 @@ rows or ids outside the receiver's :class:`Bounds`, a rows tensor whose length d
 range, non-finite floats (``check_finite=True``), bool frames with bytes other than 0/1.
 :func:`encode` runs the same checks, so a sender learns about a bad message at once.
 
+Epochs a receiver cannot use yet are refused, never buffered: :func:`check_epoch` raises
+``epoch_ahead`` for an epoch beyond ``current + S + 1`` (the receiver's oldest unfinished
+epoch, the staleness bound, and one epoch of slack for a peer that already moved on), so a
+message for a far-future epoch can neither pile up in memory nor wait there to win over the
+real one.
+
 A server turns a ProtocolError into an ERROR reply (:func:`error_reply`) or, for messages that
 expect no reply, drops it and counts it in :class:`ProtocolCounters`. :func:`write_rows` is the
 only sanctioned way to copy received rows into a destination buffer: it re-checks bounds, dtype
@@ -155,6 +161,8 @@ ERROR_CODES = frozenset({
     "incomplete",        # a step without every expected gradient
     "bad_state",         # a parameter-server state that does not fit the model
     "bad_sparse",        # a CSR payload (``csr``) that is malformed, or on an op that cannot carry one
+    "epoch_ahead",       # an epoch beyond what the receiver's scheduler can accept yet (see check_epoch)
+    "forbidden",         # the sender's CURVE key (role) may not send this (dorylus.curve.check_allowed)
 })
 
 
@@ -743,6 +751,15 @@ class ProtocolCounters:
         """``{code: count}``, e.g. for a STATS reply's ``meta``."""
         with self._lock:
             return dict(self._counts)
+
+
+def check_epoch(header: Header, current: int, staleness: int) -> None:
+    """Raise ``epoch_ahead`` if ``header.epoch`` is beyond ``current + staleness + 1``: no
+    scheduler whose oldest unfinished epoch is ``current`` can have produced it yet."""
+    limit = current + staleness + 1
+    if header.epoch is not None and header.epoch > limit:
+        raise ProtocolError("epoch_ahead", f"epoch {header.epoch} is beyond {limit}, the newest this server accepts "
+                            f"now (current epoch {current} + staleness {staleness} + 1)", req=header.req)
 
 
 def write_rows(dest: np.ndarray, header: Header, rows: np.ndarray) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
+from dorylus.coordinator import DistributedTrainer
 from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
@@ -130,7 +131,7 @@ DEFAULT_PARTS = 2
 RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
                               "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "max_attempts",
                               "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
-                              "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like"})
+                              "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like", "curve", "max_message_mb"})
 
 
 def check_new_run(config: TrainConfig) -> TrainConfig:
@@ -173,8 +174,64 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
                 None, progress)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterArgs:
+    """Where a cluster-mode run trains: the cluster file, the coordinator's keys directory
+    (None: the file's, or SSM), and how long to wait for servers that are still starting."""
+
+    file: str | Path
+    keys: str | Path | None = None
+    wait_s: float = 120.0
+
+
+def _open_cluster(config: TrainConfig, where: ClusterArgs):
+    """``(config, cluster)`` for a cluster-mode run: the file, keys and store checked, the
+    config bound to the cluster's store. The cluster is not started yet."""
+    from dorylus.clusterfile import load_cluster_file
+    from dorylus.remote import RemoteCluster, coordinator_keys, remote_store
+
+    spec = load_cluster_file(where.file)
+    if not where.wait_s > 0:
+        raise ConfigError(f"--cluster-wait-s must be > 0, got {where.wait_s}")
+    if config.backend == "reference":
+        raise ConfigError("cluster mode runs the lambda or cpu backend on the cluster's servers, not 'reference'")
+    if config.partitions not in (None, spec.store):
+        raise ConfigError(f"--partitions {config.partitions} disagrees with the store of cluster file {spec.path}, "
+                          f"{spec.store} (omit --partitions in cluster mode)")
+    keys = coordinator_keys(spec, where.keys)
+    store = remote_store(spec.store)
+    if len(spec.graph_servers) != store.num_parts:
+        raise ConfigError(f"cluster file {spec.path} lists {len(spec.graph_servers)} graph server(s) but the store "
+                          f"{spec.store} has {store.num_parts} parts: one graph server per part")
+    if config.parts not in (None, store.num_parts):
+        raise ConfigError(f"--parts {config.parts} disagrees with the store {spec.store}, which has "
+                          f"{store.num_parts} parts (omit --parts in cluster mode)")
+    config = dataclasses.replace(config, partitions=spec.store, parts=store.num_parts)
+    return config, RemoteCluster(config, spec, store, keys, where.wait_s)
+
+
+def run_cluster_training(config: TrainConfig, where: ClusterArgs, progress: IO[str] | None = None) -> dict[str, Any]:
+    """Train with ``config`` on the running servers of a cluster file (cluster mode, see
+    :mod:`dorylus.remote`), writing a new run directory. Everything is checked first: the
+    file, the keys, the store, and (once they answer) the servers' parts, store and config;
+    nothing is written until they all agree."""
+    config, cluster = _open_cluster(config, where)
+    try:
+        if config.run_dir is None:
+            config = dataclasses.replace(config, run_dir=str(default_run_dir(cluster.store.meta.dataset,
+                                                                             config.backend)))
+            cluster.config = config
+        check_creatable_dir(config.run_dir, "run directory")
+        cluster.start()
+    except BaseException:
+        cluster.close()
+        raise
+    identity = {"dataset": None, "partitions": cluster.store.fingerprint()}
+    return _run(config, RunDir.create, None, cluster.store, identity, None, progress, cluster=cluster)
+
+
 def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None,
-                    progress: IO[str] | None = None) -> dict[str, Any]:
+                    progress: IO[str] | None = None, cluster: ClusterArgs | None = None) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its checkpoint. ``overrides`` may change only
     :data:`RESUME_OVERRIDES`; a changed dataset, partition store or model is refused."""
     from dorylus.data.loaders import load_dataset
@@ -195,6 +252,21 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
     if checkpoint.epoch >= config.epochs:
         raise ConfigError(f"{run_dir} already finished epoch {checkpoint.epoch} of {config.epochs}; "
                           f"pass --epochs N with N > {checkpoint.epoch} to train further")
+    remote = None
+    if cluster is not None:
+        config, remote = _open_cluster(config, cluster)
+        try:
+            if remote.store.fingerprint() != checkpoint.identity.get("partitions"):
+                raise ConfigError(f"the cluster's store {remote.spec.store} is not the one {run_dir} trained on "
+                                  f"(sha256 {remote.store.fingerprint()[:12]}..., the checkpoint has "
+                                  f"{str(checkpoint.identity.get('partitions'))[:12]}...); refusing to resume on "
+                                  "different data")
+            remote.start()
+        except BaseException:
+            remote.close()
+            raise
+        return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), None, remote.store,
+                    dict(checkpoint.identity), checkpoint, progress, cluster=remote)
     config.check_function_handler()
     own_store = run_dir / "partitions"
     store = None
@@ -214,24 +286,38 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
 
 
 def _run(config: TrainConfig, open_run, dataset: GraphDataset | None, placement, identity: dict[str, str | None],
-         checkpoint: Checkpoint | None, progress: IO[str] | None) -> dict[str, Any]:
+         checkpoint: Checkpoint | None, progress: IO[str] | None, cluster=None) -> dict[str, Any]:
     """Open the run directory, build the trainer of ``config.backend`` and train. ``placement``
-    is the partition store, or a part assignment to write into the run directory."""
+    is the partition store, or a part assignment to write into the run directory. ``cluster``:
+    a started :class:`~dorylus.remote.RemoteCluster` (cluster mode), closed here."""
     source = (f"{dataset.name} ({dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges)" if dataset is not None
               else config.partitions)
+    where = f" on the cluster of {cluster.spec.path}" if cluster is not None else ""
     print(f"{'resuming' if checkpoint else 'training'} {config.model} ({config.layers} layers, hidden "
-          f"{config.hidden}) on {source}, backend {config.backend}, run directory {config.run_dir}"
+          f"{config.hidden}) on {source}{where}, backend {config.backend}, run directory {config.run_dir}"
           + (f", after epoch {checkpoint.epoch} of {config.epochs}" if checkpoint else ""),
           file=progress or sys.stderr, flush=True)
-    run = open_run(config.run_dir, config.to_dict())
     try:
+        run = open_run(config.run_dir, config.to_dict())
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+    try:
+        if cluster is not None:
+            with cluster:
+                trainer = DistributedTrainer(config, cluster)
+                return _train(config, trainer, run, identity, checkpoint, progress,
+                              extra={"dataset": cluster.store.meta.dataset, "num_nodes": cluster.store.meta.num_nodes,
+                                     "num_edges": cluster.store.meta.num_edges, "parts": cluster.store.num_parts,
+                                     "cluster": str(cluster.spec.path)})
         if config.backend == "reference":
             trainer = ReferenceTrainer(config, prepare_graph(dataset, config))
             return _train(config, trainer, run, identity, checkpoint, progress,
                           extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,
                                  "num_edges": dataset.num_edges})
 
-        from dorylus.coordinator import DistributedTrainer, LocalCluster
+        from dorylus.coordinator import LocalCluster
         from dorylus.partition import PartitionStore, open_store, write_store
 
         store = placement

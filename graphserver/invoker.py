@@ -72,7 +72,7 @@ class _Attempt:
 class LambdaInvoker:
     def __init__(self, endpoint_url: str | None, function_name: str, *, concurrency: int, timeout_s: float,
                  relaunch_min_s: float = 5.0, relaunch_ratio: float = 3.0, max_attempts: int = 4,
-                 region: str = "us-east-1", max_throttle_retries: int = 10, backoff_s: float = 0.05,
+                 region: str | None = None, max_throttle_retries: int = 10, backoff_s: float = 0.05,
                  max_backoff_s: float = 2.0):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, not {max_attempts}")
@@ -139,6 +139,25 @@ class LambdaInvoker:
 
     # -- client ---------------------------------------------------------------------------------
 
+    def retarget(self, *, function_name: str | None = None, region: str | None = None,
+                 endpoint_url: str | None = None) -> None:
+        """Call ``function_name`` in ``region`` at ``endpoint_url`` from now on (each only if
+        given). Only before the first call: the client is made for one region and endpoint."""
+        if self._client is not None:
+            raise RuntimeError("the invoker cannot change its function, region or endpoint after the first call")
+        self.function_name = function_name or self.function_name
+        self.region = region or self.region
+        self.endpoint_url = endpoint_url or self.endpoint_url
+
+    def _region(self) -> str | None:
+        """The region given, else AWS's own settings (``AWS_REGION``, ``AWS_DEFAULT_REGION``, the
+        config file); for an endpoint override (the emulator) any region will do."""
+        if self.region:
+            return self.region
+        if self.endpoint_url:
+            return "us-east-1"
+        return None
+
     async def _ensure_client(self):
         async with self._client_lock:
             if self._client is None:
@@ -152,9 +171,15 @@ class LambdaInvoker:
                 credentials = {}
                 if self.endpoint_url:  # the local emulator does not check signatures
                     credentials = {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
-                cm = get_session().create_client("lambda", region_name=self.region,
-                                                 endpoint_url=self.endpoint_url, config=config, **credentials)
-                self._client = await cm.__aenter__()
+                from botocore.exceptions import NoRegionError
+
+                try:
+                    cm = get_session().create_client("lambda", region_name=self._region(),
+                                                     endpoint_url=self.endpoint_url, config=config, **credentials)
+                    self._client = await cm.__aenter__()
+                except NoRegionError:
+                    raise TaskFailed(f"cannot invoke {self.function_name}: no AWS region (give the graph server "
+                                     "--region, set AWS_REGION, or name it in the cluster file)") from None
                 self._client_cm = cm
             return self._client
 

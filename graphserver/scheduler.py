@@ -64,6 +64,9 @@ class Scheduler:
         self.records: dict[int, _EpochRecord] = defaultdict(_EpochRecord)
         self.version_waits: dict[int, asyncio.Future] = {}
         self.known_version = -1
+        # Epochs finish in order (an epoch's Gathers meet every interval), so one number says
+        # which are done; the server refuses messages for epochs far beyond it.
+        self.oldest_unfinished = first
         config = server.config
         self.autotuner = (Autotuner(1, self.n, min(self.n, 4)) if config.functions is None else None)
         server.backend.concurrency = self.autotuner.value if self.autotuner else min(config.functions, self.n)
@@ -256,6 +259,7 @@ class Scheduler:
         }
         server.reports.append(report)
         del self.records[epoch]
+        self.oldest_unfinished = max(self.oldest_unfinished, epoch + 1)
         if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps
             new = self.autotuner.update(record.train_end - record.train_start, queued=stats.get("max_waiting", 0) > 0)
             if new is not None:

@@ -6,10 +6,29 @@ One asyncio loop serves a ROUTER socket that functions (PULL/PUSH), peer graph s
 and the scheduler in which order and under which mode (:mod:`graphserver.scheduler`,
 :mod:`graphserver.modes`). Commands:
 
-* ``connect`` {peers}: dial the other graph servers.
+* ``connect`` {peers[, function_name, region, lambda_endpoint]}: dial the other graph servers
+  and greet the parameter server (learning the address functions dial it at); in cluster mode
+  the coordinator also names the function to invoke, its region and, for the emulator, the
+  Invoke endpoint (from the cluster file).
+* ``config``: the fields of this server's training config that servers use
+  (:func:`dorylus.config.server_view`, in ``meta``), for the coordinator to check against its
+  own in cluster mode.
 * ``train`` {first, last, epochs, eval_every}: run epochs ``first..last`` in the background.
 * ``progress`` {min_epoch}: take the finished epochs' reports (JSON in ``meta["reports"]``);
   ``min_epoch`` is the coordinator's oldest epoch not finished everywhere (the async gate).
+
+HELLO's READY says which part this server owns, its store's fingerprint, where functions dial
+it (``endpoint``: the ``--advertise`` address, else the bound one), its message limit, and
+whether it is ``fresh`` (no coordinator has connected it yet: no earlier run's state).
+
+Transport security (DESIGN §5, :mod:`dorylus.curve`): with keys the ROUTER is a CURVE server
+that admits only the coordinator's, the graph servers' and the function's keys, each to its own
+operations (a function may PULL and PUSH, a peer send GHOSTS, only the coordinator COMMAND,
+STATS or SHUTDOWN); without keys a SHUTDOWN is logged with its sender. In every mode PULL, PUSH
+and GHOSTS for an epoch beyond ``current + S + 1`` are refused with ``epoch_ahead`` and
+counted (``current``: the oldest epoch this server has not finished), so rows for a future
+epoch never wait in the inbox to win over the real ones; frames above the message limit
+(twice the largest buffer or weight, :mod:`dorylus.sockets`) are dropped by ZeroMQ.
 """
 
 from __future__ import annotations
@@ -33,11 +52,12 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from dorylus import protocol
-from dorylus.config import TrainConfig, load_config_file
-from dorylus.endpoints import check_endpoint
+from dorylus import curve, protocol, sockets
+from dorylus.config import TrainConfig, load_config_file, server_view
+from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
 from dorylus.lifecycle import stop_with_parent
+from dorylus.roleopts import add_server_arguments, server_options
 from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
@@ -48,15 +68,22 @@ from graphserver.modes import get_mode
 from graphserver.scheduler import PASSES, Scheduler
 
 
+class Refused(TaskFailed):
+    """A server answered ERROR; ``code`` says why (e.g. ``epoch_ahead``: not yet, try again)."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
+
+
 class AsyncPeer:
     """A DEALER connection to a server, one request in flight at a time."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, what: str):
-        self.socket = ctx.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, what: str, *, server_role: str,
+                 keys: curve.Keyring | None, max_bytes: int):
+        self.socket = sockets.client_socket(ctx, endpoint, keys=keys, server_role=server_role, max_bytes=max_bytes)
         self.what = f"{what} at {endpoint}"
         self.lock = asyncio.Lock()
         self.bytes_out = 0
@@ -72,7 +99,7 @@ class AsyncPeer:
                 raise TaskFailed(f"{self.what} did not answer {header.op.value} within {timeout:.0f} s")
             reply, arrays = protocol.decode(await self.socket.recv_multipart(copy=False))
         if reply.op is Op.ERROR:
-            raise TaskFailed(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}")
+            raise Refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code)
         return reply, arrays
 
     def close(self) -> None:
@@ -80,11 +107,17 @@ class AsyncPeer:
 
 
 class GraphServer:
+    GHOSTS_RETRY_S = 0.02  # first wait before a GHOSTS refused as epoch_ahead is sent again
+
     def __init__(self, store_path: str, part_id: int, config: TrainConfig, *, param_server: str,
-                 lambda_endpoint: str | None = None, function_name: str = "dorylus-gcn"):
+                 lambda_endpoint: str | None = None, function_name: str = "dorylus-gcn", region: str | None = None,
+                 keys: curve.Keyring | None = None, advertise: str | None = None):
         store = open_store(store_path, verify=False, parts=[part_id])
         store.verify([part_id])
         self.meta = store.meta
+        self.store_fingerprint = store.fingerprint()
+        self.keys = keys
+        self.advertise = advertise
         self.part_id = part_id
         self.num_parts = store.num_parts
         self.config = config
@@ -101,13 +134,19 @@ class GraphServer:
                                     num_intervals=config.intervals, sparse_features=config.sparse_features)
         self.bounds = Bounds(num_rows=self.state.n_owned, intervals=self.state.intervals,
                              num_layers=len(self.spec.layers))
+        # What this server receives at most in one frame: rows of one of its buffers (PUSH,
+        # GHOSTS), or a weight matrix (WEIGHTS, cpu backend).
+        largest = max([b.nbytes for b in self.state.buffers.values()]
+                      + [sockets.largest_weight_bytes(self.spec.weight_shapes())])
+        self.max_message_bytes = sockets.message_limit(largest, config.max_message_mb)
         self.param_server = param_server
+        self.param_server_advertised = param_server  # the address functions dial; the server's own word at connect
         self.run_token = uuid.uuid4().hex[:12]
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, config.intervals))
         from graphserver.backends import make_backend
 
         self.backend = make_backend(config.backend, self, concurrency=config.functions or config.intervals,
-                                    lambda_endpoint=lambda_endpoint, function_name=function_name)
+                                    lambda_endpoint=lambda_endpoint, function_name=function_name, region=region)
         self.ctx = zmq.asyncio.Context()
         self.router: zmq.asyncio.Socket | None = None
         self.peers: dict[int, AsyncPeer] = {}
@@ -124,6 +163,7 @@ class GraphServer:
         self.min_epoch = 0
         self.gate_changed = asyncio.Event()
         self.reports: list[dict[str, Any]] = []
+        self.first_epoch = 1  # of the run being trained (``train``); the epoch gate before it starts
         self.scheduler = None
         self.training: asyncio.Task | None = None
         self.failure: str | None = None
@@ -131,24 +171,35 @@ class GraphServer:
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
         self.stopping = asyncio.Event()
+        self.auth = None
+        self.advertised = ""
 
     # ------------------------------------------------------------------ message loop
 
+    def peer(self, endpoint: str, what: str, server_role: str) -> AsyncPeer:
+        """A connection to another server, with this server's keys and message limit."""
+        return AsyncPeer(self.ctx, endpoint, what, server_role=server_role, keys=self.keys,
+                         max_bytes=self.max_message_bytes)
+
     async def serve(self, bind: str, ready_file: str | None = None) -> None:
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:
+            self.auth = curve.start_authenticator(self.ctx, self.keys, asyncio=True)
+        self.router = sockets.server_socket(self.ctx, self.keys, self.max_message_bytes)
         try:
             self.router.bind(bind)
-        except zmq.ZMQError as exc:
+            self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
+            self.advertised = advertised_endpoint(self.endpoint, self.advertise)
+        except (zmq.ZMQError, ConfigError) as exc:
             self.close()
-            raise ConfigError(f"graph server {self.part_id}: cannot bind {bind}: "
-                              f"{zmq.strerror(exc.errno).lower()}") from None
-        self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port when bound to :0
-        self.ps = AsyncPeer(self.ctx, self.param_server, "parameter server")
-        self.ps_wait = AsyncPeer(self.ctx, self.param_server, "parameter server")
+            why = zmq.strerror(exc.errno).lower() if isinstance(exc, zmq.ZMQError) else str(exc)
+            raise ConfigError(f"graph server {self.part_id}: cannot bind {bind}: {why}") from None
+        self.ps = self.peer(self.param_server, "parameter server", "paramserver")
+        self.ps_wait = self.peer(self.param_server, "parameter server", "paramserver")
         if ready_file:
             atomic_write_text(Path(ready_file), self.endpoint)
-        print(f"graph server {self.part_id} listening on {self.endpoint}", flush=True)
+        print(f"graph server {self.part_id} listening on {self.endpoint}"
+              + (f", advertised as {self.advertised}" if self.advertised != self.endpoint else "")
+              + (", CURVE on" if self.keys is not None else ""), flush=True)
         receiver = asyncio.create_task(self._receive_loop())
         await self.stopping.wait()
         receiver.cancel()
@@ -168,12 +219,33 @@ class GraphServer:
             header = None
             try:
                 header, tensors = protocol.decode(frames[1:], check_finite=True)
+                self._authorize(identity, header, frames[1])
                 await self._dispatch(identity, header, tensors)
             except (ProtocolError, TaskFailed, ValueError, KeyError) as exc:
                 if isinstance(exc, ProtocolError):
                     self.rejected.count(exc)
                 if header is None or header.op in protocol.REQUESTS:
                     await self._reply(identity, protocol.error_reply(header, exc))
+
+    def _authorize(self, identity: bytes, header: Header, frame: zmq.Frame) -> None:
+        """Refuse what the sender's role may not send (CURVE); log every SHUTDOWN with its sender."""
+        role = curve.sender_role(frame) if self.keys is not None else None
+        why = curve.check_allowed("graphserver", role, header.op.value, header.meta.get("command"))
+        if header.op is Op.SHUTDOWN:
+            print(f"graph server {self.part_id}: SHUTDOWN from {role or 'a client without CURVE'} (identity "
+                  f"{identity.hex()}, address {curve.peer_address(frame)}): "
+                  f"{'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
+        if why is not None:
+            raise ProtocolError("forbidden", why, req=header.req)
+
+    def current_epoch(self) -> int:
+        """The oldest epoch this server has not finished: the base of the epoch window."""
+        if self.scheduler is not None:
+            return self.scheduler.oldest_unfinished
+        return max(self.first_epoch, self.min_epoch)
+
+    def check_epoch(self, header: Header) -> None:
+        protocol.check_epoch(header, self.current_epoch(), self.mode.staleness)
 
     async def _reply(self, identity: bytes, header: Header, tensors: Sequence[np.ndarray] = ()) -> None:
         self.counters["bytes_out"] += sum(np.asarray(t).nbytes for t in tensors)
@@ -182,22 +254,29 @@ class GraphServer:
     async def _dispatch(self, identity: bytes, header: Header, tensors: list[np.ndarray]) -> None:
         if header.op is Op.PULL:
             self.bounds.check(header)
+            self.check_epoch(header)
             await self._reply(identity, *protocol.rows_reply(header, self._read_rows(header)))
         elif header.op is Op.PUSH:
             self.bounds.check(header)
+            self.check_epoch(header)
             self.counters["bytes_in"] += sum(t.nbytes for t in tensors)
             duplicate = self._accept_push(header, tensors)
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={"duplicate": duplicate}))
         elif header.op is Op.GHOSTS:
+            self.check_epoch(header)
             self._accept_ghosts(header, tensors)
             await self._reply(identity, protocol.reply_to(header, Op.ACK))
         elif header.op is Op.COMMAND:
             await self._command(identity, header)
         elif header.op is Op.HELLO:
-            await self._reply(identity, protocol.reply_to(header, Op.READY, meta={"part": self.part_id}))
+            await self._reply(identity, protocol.reply_to(header, Op.READY, meta={
+                "part": self.part_id, "parts": self.num_parts, "store": self.store_fingerprint,
+                "endpoint": self.advertised, "max_message_bytes": self.max_message_bytes,
+                "fresh": self.scheduler is None and not self.peers}))
         elif header.op is Op.STATS:
             meta = {**self.counters, **{f"rejected.{k}": v for k, v in self.rejected.as_dict().items()},
-                    "in_flight": len(self.in_flight)}
+                    "in_flight": len(self.in_flight), "buffered_ghosts": sum(map(len, self.inbox.values())),
+                    "buffered_results": len(self.results)}
             if self.in_flight:  # for the coordinator's watchdog: what has been running longest
                 call, since = min(self.in_flight.items(), key=lambda item: item[1])
                 meta["oldest_call"] = f"{call}, running for {time.monotonic() - since:.0f} s"
@@ -298,7 +377,7 @@ class GraphServer:
             "model": self.config.model, "task": stage.task, "layer": stage.layer, "reads": list(stage.reads),
             "writes": list(stage.writes), "weights": stage.weights, "grad": stage.grad and pass_ == "train",
             "args": self.stage_args(stage, pass_, epoch),
-            "graph_server": self.endpoint, "param_server": self.param_server, "part": self.part_id,
+            "graph_server": self.advertised, "param_server": self.param_server_advertised, "part": self.part_id,
             "interval": interval, "rows": [start, stop], "epoch": epoch, "pass": pass_, "attempt": 0,
             "run": self.run_token,
         }
@@ -339,9 +418,22 @@ class GraphServer:
         async def send(j: int, rows: np.ndarray) -> None:
             rows = np.ascontiguousarray(rows)
             self.counters["ghost_bytes_out"] += rows.nbytes
-            await self.peers[j].request(Header(Op.GHOSTS, task=task, epoch=epoch, layer=layer, part=self.part_id,
-                                               rows=(0, rows.shape[0]), names=(name,), meta={"pass": pass_}),
-                                        [rows], timeout=timeout)
+            header = Header(Op.GHOSTS, task=task, epoch=epoch, layer=layer, part=self.part_id,
+                            rows=(0, rows.shape[0]), names=(name,), meta={"pass": pass_})
+            deadline, wait = time.monotonic() + timeout, self.GHOSTS_RETRY_S
+            while True:
+                try:
+                    await self.peers[j].request(header, [rows], timeout=timeout)
+                    return
+                except Refused as exc:
+                    # A peer refuses an epoch it cannot be at yet: at the start of a run our rows
+                    # may reach it before its own ``train`` command does. Only then, and only
+                    # until the task timeout, is sending again right.
+                    if exc.code != "epoch_ahead" or time.monotonic() + wait > deadline:
+                        raise
+                    self.counters["ghosts_resent"] += 1
+                    await asyncio.sleep(wait)
+                    wait = min(1.0, 2 * wait)
 
         await asyncio.gather(*(send(j, rows) for j, rows in rows_by_peer.items()))
 
@@ -374,9 +466,12 @@ class GraphServer:
         if command == "connect":
             asyncio.create_task(self._connect(identity, header, [e for e in str(m["peers"]).split(",")]))
             return
-        if command == "train":
+        if command == "config":
+            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta=server_view(self.config.to_dict())))
+        elif command == "train":
             if self.training is not None and not self.training.done():
                 raise ProtocolError("bad_command", "already training", req=header.req)
+            self.first_epoch = int(m["first"])
             self.scheduler = Scheduler(self, first=int(m["first"]), last=int(m["last"]), epochs=int(m["epochs"]),
                                        eval_every=int(m["eval_every"]))
             self.failure = None
@@ -401,9 +496,19 @@ class GraphServer:
                 raise ValueError(f"connect needs {self.num_parts} endpoints, got {len(endpoints)}")
             for j, endpoint in enumerate(endpoints):
                 if j != self.part_id and j not in self.peers:
-                    self.peers[j] = AsyncPeer(self.ctx, endpoint, f"graph server {j}")
+                    check_endpoint(f"connect: graph server {j}", endpoint)
+                    self.peers[j] = self.peer(endpoint, f"graph server {j}", "graphserver")
+            target = {k: header.meta[k] for k in ("function_name", "region", "lambda_endpoint") if k in header.meta}
+            if target and self.config.backend == "lambda":
+                self.backend.retarget(**target)
+            # The parameter server says where functions dial it (its --advertise address); this
+            # also proves, before any epoch, that it answers this server (keys included).
+            ready, _ = await self.ps.request(Header(Op.HELLO, role="graphserver"),
+                                             timeout=min(30.0, self.config.task_timeout_s))
+            self.param_server_advertised = str(ready.meta.get("endpoint") or self.param_server)
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={
-                "ghosts": int(self.state.part.n_ghost), "intervals": len(self.state.intervals)}))
+                "ghosts": int(self.state.part.n_ghost), "intervals": len(self.state.intervals),
+                "param_server": self.param_server_advertised}))
         except Exception as exc:
             await self._reply(identity, protocol.error_reply(header, exc))
 
@@ -426,19 +531,28 @@ class GraphServer:
                 peer.close()
         if self.router is not None:
             self.router.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.ctx.term()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", required=True, help="partition store directory")
+    parser.add_argument("--store", required=True, help="partition store directory, or s3://BUCKET/PREFIX")
     parser.add_argument("--part", type=int, required=True, help="partition id this server owns")
-    parser.add_argument("--config", required=True, help="the run's config file (config.json of the run directory)")
+    parser.add_argument("--config", required=True, help="the training config (.json or .toml; config.json of a "
+                                                        "run directory); in cluster mode the coordinator's must agree")
     parser.add_argument("--param-server", required=True, help="parameter server endpoint, tcp://HOST:PORT")
     parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="ROUTER endpoint to bind (port 0: any free port)")
     parser.add_argument("--ready-file", help="write the bound endpoint into this file once listening")
-    parser.add_argument("--lambda-endpoint", help="Lambda Invoke API endpoint URL (the emulator's, or omit for AWS)")
-    parser.add_argument("--function-name", default="dorylus-gcn", help="name of the deployed function")
+    parser.add_argument("--lambda-endpoint", help="Lambda Invoke API endpoint URL (the emulator's, or omit for AWS); "
+                                                  "in cluster mode the cluster file's, sent by the coordinator")
+    parser.add_argument("--function-name", default="dorylus-gcn", help="name of the deployed function (in cluster "
+                                                                       "mode the cluster file's)")
+    parser.add_argument("--region", help="AWS region of the function (default: AWS_REGION / AWS_DEFAULT_REGION; in "
+                                         "cluster mode the cluster file's)")
+    add_server_arguments(parser, "graphserver")
     parser.add_argument("--threads", type=int, help="threads for Gather (default: torch's, all cores); local mode "
                                                     "gives each of P servers its share so they do not oversubscribe")
 
@@ -451,6 +565,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads {args.threads} must be >= 1")
     config = TrainConfig.from_dict(load_config_file(args.config), where=args.config)
+    keys, advertise = server_options(args, "graphserver")
     if args.threads:
         import torch
 
@@ -458,15 +573,18 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         server = GraphServer(args.store, args.part, config, param_server=args.param_server,
-                             lambda_endpoint=args.lambda_endpoint, function_name=args.function_name)
+                             lambda_endpoint=args.lambda_endpoint, function_name=args.function_name,
+                             region=args.region, keys=keys, advertise=advertise)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopping.set)
-        watch = stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set))
+        watch = (stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set))
+                 if args.exit_with_parent else None)
         try:
             await server.serve(args.bind, args.ready_file)
         finally:
-            watch.set()
+            if watch is not None:
+                watch.set()
 
     asyncio.run(main())
     return 0

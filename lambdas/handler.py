@@ -18,6 +18,12 @@ arrive as CSR (:func:`dorylus.protocol.named_rows`) and are kept as
 :class:`~dorylus.models.sparse.SparseRows`, whose cached orders then serve every later call.
 With the emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), each transfer takes at least
 bytes / bandwidth.
+
+Transport security: when the ``DORYLUS_CURVE_*`` environment variables are set (Terraform puts
+the function's key pair and the servers' public keys there, :mod:`dorylus.curve`), every
+connection is a CURVE client that only talks to servers holding those keys. Replies larger
+than half the function's memory are dropped by ZeroMQ (``ZMQ_MAXMSGSIZE``): no legitimate one
+fits a function that big, and without the limit one frame could exhaust it.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
-from dorylus import protocol
+from dorylus import curve, protocol, sockets
 from dorylus.models import get_model
 from dorylus.models.base import STATIC
 from dorylus.models.sparse import SparseRows
@@ -44,6 +50,8 @@ _request_ids = itertools.count(1)
 _static_rows: dict[tuple[str, int, int, str], np.ndarray | SparseRows] = {}
 # endpoint -> connection, kept by a warm container: a call does not pay for TCP and ZMTP handshakes
 _peers: dict[str, "_Peer"] = {}
+_SERVER_ROLES = {"graph server": "graphserver", "parameter server": "paramserver"}
+DEFAULT_MAX_BYTES = 512 << 20  # without a Lambda context (tests, tools)
 
 
 class FunctionTaskError(RuntimeError):
@@ -53,10 +61,11 @@ class FunctionTaskError(RuntimeError):
 class _Peer:
     """A DEALER connection with blocking request/reply and a deadline on every wait."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, what: str, context: Any):
-        self.socket = ctx.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(endpoint)
+    def __init__(self, ctx: zmq.Context, endpoint: str, what: str, context: Any,
+                 keys: curve.Keyring | None = None):
+        self.socket = sockets.client_socket(ctx, endpoint, keys=keys, server_role=_SERVER_ROLES[what],
+                                            max_bytes=_max_bytes(context))
+        self.keys = keys
         self.what = f"{what} {endpoint}"
         self.context = context
         self.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
@@ -136,10 +145,20 @@ def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, An
     return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
 
 
+def _max_bytes(context: Any) -> int:
+    """Half the function's memory: the largest reply it accepts."""
+    memory_mb = getattr(context, "memory_limit_in_mb", None)
+    return int(memory_mb) << 19 if memory_mb else DEFAULT_MAX_BYTES
+
+
 def _peer(endpoint: str, what: str, context: Any) -> _Peer:
+    keys = curve.keys_from_env("function")
     peer = _peers.get(endpoint)
+    if peer is not None and peer.keys != keys:  # the keys were changed: connect again with the new ones
+        _peers.pop(endpoint).close()
+        peer = None
     if peer is None:
-        peer = _peers[endpoint] = _Peer(zmq.Context.instance(), endpoint, what, context)
+        peer = _peers[endpoint] = _Peer(zmq.Context.instance(), endpoint, what, context, keys)
     peer.context = context
     peer.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
     return peer

@@ -3,6 +3,24 @@
 # late, so Lambda's own retries, destinations and dead-letter queues (asynchronous only) do not
 # apply.
 
+locals {
+  # The function's CURVE keys, read by dorylus/curve.py (keys_from_env): its own pair and the
+  # public keys of the servers it dials, taken from the SSM parameters into the environment,
+  # which Lambda encrypts with the cluster's key. The function itself cannot reach SSM (no
+  # endpoint, no permission), and needs no call to read them. No keys, no variables: the
+  # servers then run without CURVE and `dorylus train --cluster` refuses them.
+  function_curve_env = merge(
+    { for role in ["function", "graphserver", "paramserver"] :
+      "DORYLUS_CURVE_${upper(role)}_PUBLIC" => aws_ssm_parameter.curve_public[role].value
+      if contains(keys(var.curve_public_keys), role)
+    },
+    { for role in ["function"] :
+      "DORYLUS_CURVE_${upper(role)}_SECRET" => aws_ssm_parameter.curve_secret[role].value
+      if contains(nonsensitive(keys(var.curve_secret_keys)), role)
+    },
+  )
+}
+
 resource "aws_cloudwatch_log_group" "function" {
   # checkov:skip=CKV_AWS_338:Retention is the log_retention_days variable (30 days by default): function debug output of training runs, not an audit trail.
   name              = "/aws/lambda/${local.function_name}"
@@ -28,10 +46,10 @@ resource "aws_lambda_function" "tensor" {
   kms_key_arn                    = aws_kms_key.this.arn
 
   environment {
-    variables = {
+    variables = merge({
       DORYLUS_CLUSTER    = var.name
       DORYLUS_SSM_PREFIX = local.ssm_prefix
-    }
+    }, local.function_curve_env)
   }
 
   vpc_config {

@@ -1,4 +1,5 @@
-# Least privilege. The function: its VPC network interfaces, its own log group, its CURVE keys.
+# Least privilege. The function: its VPC network interfaces, its own log group, decrypting its
+# environment (which holds its CURVE keys; it reads nothing from SSM).
 # The servers: read the partition prefix and the project wheel, this cluster's SSM parameters,
 # invoke this cluster's function, and (optionally) Session Manager. No "*" action anywhere; a
 # "*" resource only for Describe/Session-Manager actions that AWS cannot scope to a resource.
@@ -55,16 +56,7 @@ data "aws_iam_policy_document" "function" {
   }
 
   statement {
-    sid     = "OwnCurveKeys"
-    actions = ["ssm:GetParameter", "ssm:GetParameters"]
-    resources = [
-      "arn:${local.arn_prefix}:ssm:${local.region}:${local.account}:parameter${local.ssm_prefix}/curve/function/*",
-      "arn:${local.arn_prefix}:ssm:${local.region}:${local.account}:parameter${local.ssm_prefix}/curve/*/public",
-    ]
-  }
-
-  statement {
-    sid       = "DecryptKeysAndEnvironment"
+    sid       = "DecryptEnvironment" # its CURVE keys arrive in the KMS-encrypted environment (function.tf)
     actions   = ["kms:Decrypt"]
     resources = [aws_kms_key.this.arn]
   }

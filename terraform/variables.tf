@@ -260,13 +260,18 @@ variable "force_destroy_bucket" {
 }
 
 variable "curve_public_keys" {
-  description = "CURVE public keys (Z85, 40 characters) by role, e.g. server, function, coordinator (`dorylus keys`). Stored as SSM SecureString parameters under /<name>/curve/<role>/public."
+  description = "CURVE public keys (Z85, 40 characters) by role: coordinator, graphserver, paramserver, function (`dorylus keys --out DIR` writes DIR/curve.tfvars.json). Stored as SSM SecureString parameters under /<name>/curve/<role>/public; the function's environment gets its own and the servers'."
   type        = map(string)
   default     = {}
 
   validation {
     condition     = alltrue([for k in values(var.curve_public_keys) : length(k) == 40])
     error_message = "Each CURVE public key must be 40 Z85 characters."
+  }
+
+  validation {
+    condition     = alltrue([for role in keys(var.curve_public_keys) : contains(["coordinator", "graphserver", "paramserver", "function"], role)])
+    error_message = "CURVE roles are coordinator, graphserver, paramserver and function (the names `dorylus keys` uses)."
   }
 }
 

@@ -136,6 +136,24 @@ def test_graphserver_bad_inputs(tmp_path, store, case):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("role", ["graphserver", "paramserver"])
+@pytest.mark.parametrize("case", ["advertise", "port", "no-keys", "missing-secret"])
+def test_server_bad_advertise_or_keys(tmp_path, store, role, case):
+    keys = tmp_path.parent / f"{tmp_path.name}-keys"
+    from dorylus.curve import write_keys
+
+    write_keys(keys)
+    (keys / f"{role}.secret").unlink()
+    option, value, needle = {"advertise": ("--advertise", "0.0.0.0", "--advertise '0.0.0.0'"),
+                             "port": ("--advertise", "10.0.0.1:70000", "port 70000"),
+                             "no-keys": ("--keys", str(tmp_path / "nowhere"), str(tmp_path / "nowhere")),
+                             "missing-secret": ("--keys", str(keys), f"{role}.secret does not exist")}[case]
+    args = (graphserver_args(store, **{option: value}) if role == "graphserver" else
+            ["--num-features", "5", "--num-classes", "3", "--ready-file", "ready", option, value])
+    assert_one_error(run(tmp_path, role, *args), role, needle.lower())
+    assert not list(tmp_path.iterdir())
+
+
 def _mapped(pid: int, library: str) -> bool:
     try:
         return library in Path(f"/proc/{pid}/maps").read_text()
@@ -172,7 +190,8 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path, library):
 def test_help_does_not_import_torch(tmp_path):
     code = ("import contextlib, io, sys\n"
             "from dorylus.cli import build_parser\n"
-            "for command in ([], ['train'], ['partition'], ['graphserver'], ['paramserver'], ['lambda-emulator']):\n"
+            "for command in ([], ['train'], ['partition'], ['graphserver'], ['paramserver'], ['lambda-emulator'],\n"
+            "                ['keys']):\n"
             "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
             "        build_parser().parse_args([*command, '--help'])\n"
             "print('torch' in sys.modules)\n")

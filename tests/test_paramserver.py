@@ -142,8 +142,8 @@ def cluster(ctx):
         clients.append(Client(ctx, server.endpoint))
         return clients[-1]
 
-    def make(spec: ModelSpec = SPEC, optimizer: str = "adam", lr: float = 0.01):
-        server = ParameterServer(spec, SEED, optimizer, lr).start()
+    def make(spec: ModelSpec = SPEC, optimizer: str = "adam", lr: float = 0.01, **options):
+        server = ParameterServer(spec, SEED, optimizer, lr, **options).start()
         servers.append(server)
         return server, connect(server)
 
@@ -288,8 +288,9 @@ def _expect_error(client: Client, header: Header, code: str, words: str = "") ->
 
 def test_stash_returns_the_forward_pin_after_newer_steps(cluster):
     """A forward of epoch 3 pins version 0; two steps later its backward (stash) still gets
-    version 0, a relaunched forward gets version 0 too, newest gets version 2 and pins nothing."""
-    _, client = cluster()
+    version 0, a relaunched forward gets version 0 too, newest gets version 2 and pins nothing.
+    (A forward of epoch 3 with version 0 is what async mode with staleness 2 does.)"""
+    _, client = cluster(staleness=2)
     init = SPEC.init_weights(SEED)
     rng = np.random.default_rng(4)
     # a backward whose forward never pinned: out_of_range, nothing pinned by the failure
@@ -780,7 +781,8 @@ def test_cli_subprocess_ready_file_hello_and_sigterm(ctx, tmp_path):
         assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
         client = Client(ctx, endpoint)
         reply, _ = client.ok(Header(Op.HELLO, role="coordinator"))
-        assert reply.meta == {"num_layers": 2, "version": 0, "optimizer": "sgd"}
+        assert reply.meta == {"num_layers": 2, "version": 0, "optimizer": "sgd", "endpoint": endpoint,
+                              "max_message_bytes": 1 << 20, "fresh": True}
         cfg = TrainConfig(layers=2, hidden=4, seed=3)
         for got, want in zip(client.weights(), ModelSpec.from_config(cfg, F, C).init_weights(3)):
             np.testing.assert_array_equal(got, want)

@@ -650,3 +650,34 @@ def test_sender_learns_about_a_bad_csr_payload():
     with pytest.raises(ProtocolError, match="must ascend strictly") as info:
         P.encode(header, [np.ones(3, np.float32), np.array([3, 1, 0], np.int32), np.array([0, 2, 2, 3])])
     assert info.value.code == "bad_sparse"
+
+
+# ----------------------------------------------------------------------------- epochs and addresses
+
+
+@pytest.mark.parametrize("current, staleness", [(1, 0), (3, 2), (10, 0)])
+def test_check_epoch_refuses_only_epochs_beyond_current_plus_staleness_plus_one(current, staleness):
+    limit = current + staleness + 1
+    for epoch in (1, current, limit):
+        P.check_epoch(Header(Op.GHOSTS, epoch=epoch), current, staleness)
+    P.check_epoch(Header(Op.HELLO), current, staleness)  # no epoch: nothing to check
+    for epoch in (limit + 1, 10**12):
+        with pytest.raises(ProtocolError) as err:
+            P.check_epoch(Header(Op.PUSH_GRADS, epoch=epoch, req=7), current, staleness)
+        assert (err.value.code, err.value.req) == ("epoch_ahead", 7)
+        assert f"epoch {epoch} is beyond {limit}" in err.value.message
+
+
+def test_advertised_endpoint():
+    from dorylus.endpoints import advertised_endpoint
+    from dorylus.errors import ConfigError
+
+    assert advertised_endpoint("tcp://0.0.0.0:5500", None) == "tcp://0.0.0.0:5500"
+    assert advertised_endpoint("tcp://0.0.0.0:5500", "10.42.1.64") == "tcp://10.42.1.64:5500"
+    assert advertised_endpoint("tcp://127.0.0.1:41234", "gs-0.internal:7000") == "tcp://gs-0.internal:7000"
+    assert advertised_endpoint("tcp://[::]:5500", "[fd00::5]") == "tcp://[fd00::5]:5500"
+    for bad in ("0.0.0.0", "*:5500", "host:0", "host:99999", "tcp://host:1", "a b"):
+        with pytest.raises(ConfigError, match="--advertise"):
+            advertised_endpoint("tcp://0.0.0.0:5500", bad)
+    with pytest.raises(ConfigError, match="only a tcp:// endpoint"):
+        advertised_endpoint("ipc:///tmp/x", "host")

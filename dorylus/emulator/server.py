@@ -225,7 +225,7 @@ class EmulatorServer:
     def __init__(self, host: str, port: int, functions: Mapping[str, str], concurrency: int,
                  memory_mb: int, timeout_s: float, start_latency_ms: float = 0.0,
                  code_dirs: Sequence[str] = (), *, physics: Physics | None = None,
-                 faults: FaultPlan | None = None):
+                 faults: FaultPlan | None = None, environment: Mapping[str, str] | None = None):
         if concurrency < 1:
             raise ConfigError(f"lambda emulator: concurrency must be >= 1, got {concurrency}")
         if not MEMORY_RANGE_MB[0] <= memory_mb <= MEMORY_RANGE_MB[1]:
@@ -245,6 +245,9 @@ class EmulatorServer:
             raise ConfigError(f"lambda emulator: faults must be a FaultPlan, got {faults!r}")
         self.code_dirs = check_code_dirs(code_dirs)
         self.functions = check_functions(functions, self.code_dirs)
+        # The functions' environment variables, as Lambda's function configuration sets them
+        # (e.g. the CURVE keys); set in the worker before each call.
+        self.environment = {str(k): str(v) for k, v in (environment or {}).items()}
         self.concurrency, self.memory_mb = concurrency, memory_mb
         self.timeout_s, self.physics = timeout_s, physics
         self.start_latency_ms = physics.start_latency_ms
@@ -352,7 +355,8 @@ class EmulatorServer:
         """Add the physics and the call's fault (drawn from its payload, counted) to ``call``."""
         physics = self.physics
         call.update(cold_start_ms=physics.cold_start_ms, vcpus=physics.vcpus(self.memory_mb),
-                    bandwidth_bytes_per_s=physics.bandwidth_bytes_per_s, fault=None)
+                    bandwidth_bytes_per_s=physics.bandwidth_bytes_per_s, fault=None,
+                    environment=self.environment)
         if self.faults is not None:
             fault = call["fault"] = self.faults.choose(call["payload"])
             if fault is not None:
@@ -655,7 +659,8 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] | None = None,
           concurrency: int | None = None, memory_mb: int = 1024, timeout_s: float = MAX_TIMEOUT_S,
           start_latency_ms: float = 0.0, code_dirs: Sequence[str] = (), *,
-          physics: Physics | None = None, faults: FaultPlan | None = None) -> EmulatorServer:
+          physics: Physics | None = None, faults: FaultPlan | None = None,
+          environment: Mapping[str, str] | None = None) -> EmulatorServer:
     """Start an emulator in background threads and return it once every worker is ready.
 
     ``functions``: ``{name: "package.module:function"}`` (default: ``dorylus-gcn`` ->
@@ -664,13 +669,15 @@ def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] |
     import path, like a function's unpacked code bundle. ``physics``: latencies, cold starts,
     bandwidth and CPU share (default: none; ``Physics(start_latency_ms=start_latency_ms)``).
     When ``physics`` is given it wins: ``start_latency_ms`` is ignored (use
-    ``physics.start_latency_ms``). ``faults``: seeded fault injection (default: none). Stop it
-    with ``close()`` or a ``with`` block.
+    ``physics.start_latency_ms``). ``faults``: seeded fault injection (default: none).
+    ``environment``: variables set for the functions, as Lambda's configuration does (the
+    workers also inherit this process's environment). Stop it with ``close()`` or a ``with``
+    block.
     """
     return EmulatorServer(host, port, DEFAULT_FUNCTIONS if functions is None else functions,
                           default_concurrency() if concurrency is None else concurrency,
                           memory_mb, timeout_s, start_latency_ms, code_dirs,
-                          physics=physics, faults=faults)
+                          physics=physics, faults=faults, environment=environment)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

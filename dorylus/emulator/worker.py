@@ -104,9 +104,11 @@ def _load_handler(spec: str) -> Callable[[Any, LambdaContext], Any]:
 def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, Any]:
     """Run one invocation. ``call`` keys: request_id, function_name, handler (spec),
     invoked_function_arn, memory_mb, deadline, log_stream_name, region, payload (JSON bytes,
-    empty means ``{}``), and the optional physics and fault keys of the module docstring."""
+    empty means ``{}``), the optional ``environment`` (variables set before the call, as Lambda's
+    function configuration does) and the optional physics and fault keys of the module docstring."""
     request_id, spec = call["request_id"], call["handler"]
     fault = call.get("fault")
+    os.environ.update(call.get("environment") or {})
     os.environ.update(AWS_LAMBDA_FUNCTION_NAME=call["function_name"],
                       AWS_LAMBDA_FUNCTION_VERSION="$LATEST",
                       AWS_LAMBDA_FUNCTION_MEMORY_SIZE=str(call["memory_mb"]),

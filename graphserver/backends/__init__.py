@@ -29,7 +29,8 @@ class Backend:
         self.limiter.capacity = value
 
 
-def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: str | None, function_name: str):
+def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: str | None, function_name: str,
+                 region: str | None = None):
     if name == "cpu":
         from graphserver.backends.cpu import CpuBackend
 
@@ -38,5 +39,5 @@ def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: s
         from graphserver.backends.serverless import LambdaBackend
 
         return LambdaBackend(server.config, concurrency=concurrency, endpoint_url=lambda_endpoint,
-                             function_name=function_name)
+                             function_name=function_name, region=region)
     raise ValueError(f"unknown backend {name!r}; known: cpu, lambda")

@@ -111,8 +111,10 @@ def _ask(endpoint: str, header: Header, tensors=()) -> Header:
      [np.zeros((1, 4), np.float32)], "bad_field"),
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), names=("secret",)),
      [np.zeros((1, 4), np.float32)], "bad_field"),
-    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 10**6), names=("P1",)),
-     [np.zeros((10**6, 4), np.float32)], "row_count"),
+    (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 10**4), names=("P1",)),
+     [np.zeros((10**4, 4), np.float32)], "row_count"),  # (a frame above the message limit gets no answer at all)
+    (Header(Op.GHOSTS, task="SC", epoch=3, layer=1, part=1, rows=(0, 1), names=("P1",)),
+     [np.zeros((1, 4), np.float32)], "epoch_ahead"),  # no training yet: epoch 1 + S 0 + 1 is the newest accepted
     (Header(Op.COMMAND, meta={"command": "explode"}), [], "bad_command"),
 ])
 def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
@@ -125,13 +127,16 @@ def test_graph_server_rejects_bad_messages(cpu_cluster, header, tensors, code):
 
 def test_push_no_call_awaits_is_dropped_not_written(cpu_cluster):
     """A push for a call the scheduler did not make (here: no training runs at all) is
-    acknowledged as a duplicate and never written; a push naming the wrong buffer is refused."""
+    acknowledged as a duplicate and never written; a push naming the wrong buffer is refused, and
+    so is one for an epoch no scheduler can be at yet."""
     endpoint = Path(cpu_cluster.run_dir / "logs" / "graphserver-0.endpoint").read_text()
     rows = np.full((1, 4), 7.0, np.float32)
-    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("P0",)), [rows])
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=2, layer=0, interval=0, rows=(0, 1), names=("P0",)), [rows])
     assert reply.op is Op.ACK and reply.meta["duplicate"] is True
-    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("H",)), [rows])
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=2, layer=0, interval=0, rows=(0, 1), names=("H",)), [rows])
     assert reply.op is Op.ERROR and reply.code == "bad_field" and "must push ['P0']" in reply.message
+    reply = _ask(endpoint, Header(Op.PUSH, task="AV", epoch=9, layer=0, interval=0, rows=(0, 1), names=("P0",)), [rows])
+    assert reply.op is Op.ERROR and reply.code == "epoch_ahead"
 
 
 @pytest.fixture

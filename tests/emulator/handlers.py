@@ -76,3 +76,8 @@ def spin(event, context):
 
 def bandwidth(event, context):
     return getattr(context, "bandwidth_bytes_per_s", None)
+
+
+def environment(event, context):
+    """The values of the environment variables named in ``event["names"]``."""
+    return {name: os.environ.get(name) for name in event["names"]}

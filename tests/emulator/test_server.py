@@ -514,3 +514,17 @@ def _invoke_or_error(client, **kwargs):
         return client.invoke(**kwargs)
     except Exception as exc:
         return exc
+
+
+def test_function_environment_is_set_as_lambdas_configuration_sets_it():
+    """``serve(environment=...)`` is the functions' environment (how the CURVE keys reach them)."""
+    with serve(functions={"environment": f"{H}:environment"}, concurrency=1, code_dirs=[CODE_DIR],
+               environment={"DORYLUS_CURVE_FUNCTION_PUBLIC": "k" * 40, "OTHER": "1"}) as server:
+        client = boto_client(server)
+        try:
+            payload = client.invoke(FunctionName="environment", Payload=json.dumps(
+                {"names": ["DORYLUS_CURVE_FUNCTION_PUBLIC", "OTHER", "AWS_LAMBDA_FUNCTION_NAME"]}))["Payload"]
+            assert json.loads(payload.read()) == {"DORYLUS_CURVE_FUNCTION_PUBLIC": "k" * 40, "OTHER": "1",
+                                                  "AWS_LAMBDA_FUNCTION_NAME": "environment"}
+        finally:
+            client.close()

@@ -185,8 +185,8 @@ def setup(request, monkeypatch):
 def make_event(servers: FakeServers, stage, pass_: str, epoch: int, interval: int, run: str) -> dict:
     """The payload the graph server sends, built by GraphServer.event itself, through JSON."""
     fake = SimpleNamespace(state=SimpleNamespace(intervals=INTERVALS), config=SimpleNamespace(model="gcn", seed=SEED),
-                           meta=SimpleNamespace(train_count=4), endpoint=servers.graph_endpoint,
-                           param_server=servers.params_endpoint, part_id=PART, run_token=run)
+                           meta=SimpleNamespace(train_count=4), advertised=servers.graph_endpoint,
+                           param_server_advertised=servers.params_endpoint, part_id=PART, run_token=run)
     fake.stage_args = lambda *a: GraphServer.stage_args(fake, *a)
     return json.loads(json.dumps(GraphServer.event(fake, stage, pass_, epoch, interval)))
 

@@ -173,6 +173,21 @@ def test_function_runs_the_bundle_in_the_vpc(tf):
     assert "local.graph_server_block" in tf["locals"]["graph_server_ips"]
 
 
+def test_function_environment_holds_the_keys_dorylus_reads(tf):
+    """The names Terraform gives the function's CURVE variables are the ones dorylus.curve reads,
+    and the roles it accepts are the ones `dorylus keys` writes."""
+    from dorylus import curve
+
+    text = (MODULE / "function.tf").read_text()
+    names = {template.replace("${upper(role)}", role.upper())
+             for roles, template in re.findall(r'for role in \[([^\]]*)\]\s*:\s*"([^"]+)"', text)
+             for role in re.findall(r'"(\w+)"', roles)}
+    assert names == set(curve.function_environment_names())
+    assert "local.function_curve_env" in str(of_type(tf, "aws_lambda_function")["tensor"]["environment"])
+    validations = " ".join(str(v) for v in tf["variable"]["curve_public_keys"]["validation"])
+    assert set(re.findall(r'"(\w+)"', validations.split("contains([", 1)[1].split("]", 1)[0])) == set(curve.ROLES)
+
+
 KEY_POLICY = "kms"
 # Actions AWS cannot scope to a resource: the only ones that may have "*" as their resource.
 UNSCOPABLE = {"ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets", "ssmmessages:CreateControlChannel",
@@ -280,8 +295,9 @@ import json, os
 class _Pages:
     def paginate(self, **kw):
         assert kw == {"Path": "/demo/curve/", "Recursive": True, "WithDecryption": True}, kw
-        return [{"Parameters": [{"Name": "/demo/curve/server/secret", "Value": "S" * 40},
-                                {"Name": "/demo/curve/server/public", "Value": "P" * 40}]}]
+        return [{"Parameters": [{"Name": f"/demo/curve/{role}/{kind}", "Value": role[0].upper() + kind[0] * 39}
+                                for role in ("coordinator", "graphserver", "paramserver", "function")
+                                for kind in ("public", "secret")]}]
 class _Client:
     def get_paginator(self, name):
         assert name == "get_parameters_by_path"
@@ -304,7 +320,7 @@ def read_store_meta(url):
 
 @pytest.mark.parametrize("role", ["graphserver", "paramserver"])
 def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role):
-    cluster = {"format": "dorylus-cluster/1", "store": "s3://b/stores/x", "ssm_prefix": "/demo",
+    cluster = {"format": "dorylus-cluster/1", "region": "us-east-1", "store": "s3://b/stores/x", "ssm_prefix": "/demo",
                "function": {"name": "demo-tensor"},
                "param_servers": [{"index": 0, "host": "10.42.1.8", "port": 5600},
                                  {"index": 1, "host": "10.42.1.9", "port": 5600}],
@@ -332,20 +348,28 @@ def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout)
 
-    secret = runtime / "curve" / "server.secret"
-    assert secret.read_text() == "S" * 40 and stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert stat.S_IMODE((runtime / "curve").stat().st_mode) == 0o700
+    # every public key, and the secret of this role only (the layout `--keys` reads), all 0600
+    keys = runtime / "curve"
+    written = sorted(p.name for p in keys.iterdir())
+    assert written == sorted([f"{r}.public" for r in ("coordinator", "graphserver", "paramserver", "function")]
+                             + [f"{role}.secret"])
+    secret = keys / f"{role}.secret"
+    assert secret.read_text() == role[0].upper() + "s" * 39 and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
 
     from dorylus.cli import build_parser
 
     args = build_parser().parse_args(argv)  # today's flags of `dorylus graphserver` / `paramserver`
     assert args.command == role
     if role == "graphserver":
-        assert (args.store, args.part, args.param_server, args.bind, args.function_name) == (
-            "s3://b/stores/x", 1, "tcp://10.42.1.8:5600", "tcp://10.42.1.65:5500", "demo-tensor")
+        assert (args.store, args.part, args.param_server, args.bind, args.function_name, args.region) == (
+            "s3://b/stores/x", 1, "tcp://10.42.1.8:5600", "tcp://10.42.1.65:5500", "demo-tensor", "us-east-1")
+        assert args.advertise == "10.42.1.65:5500"
     else:
         assert (args.num_features, args.num_classes, args.bind) == (1433, 7, "tcp://10.42.1.9:5600")
+        assert args.advertise == "10.42.1.9:5600"
     assert args.config == str(etc / "train.json")
+    assert args.keys == str(keys) and not args.exit_with_parent  # CURVE on; waits for coordinators
 
 
 @pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")

@@ -1,0 +1,247 @@
+"""Cluster mode: the coordinator's side of a run on servers that are already running.
+
+``dorylus train --cluster FILE`` reads the cluster file (:mod:`dorylus.clusterfile`), finds the
+coordinator's CURVE keys (:func:`coordinator_keys`) and the store's ``meta.json``
+(:func:`remote_store`), then :class:`RemoteCluster` dials the parameter server and the graph
+servers named in the file. They may still be starting (systemd restarts them after each run,
+and at boot they install the project first), so the coordinator keeps greeting them until
+``wait_s`` has passed; one that still holds an earlier run's state (that run's coordinator died
+without stopping it) is stopped and waited for again. Before anything changes on a server it checks each one: the graph server
+at index ``i`` owns part ``i`` of the same store, and every server runs the training config
+this run uses (:func:`dorylus.config.server_view`); a difference is a ConfigError
+naming the server and the fields. Then it connects the graph servers to each other and tells
+them the function to invoke (name, region, and the endpoint override of the file).
+
+A run leaves its servers with its state (weights, buffers, the epochs it trained), so at the
+end the coordinator stops them (SHUTDOWN, which only its key may send): their service manager
+starts them afresh for the next run, as the Terraform module's systemd units do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from dorylus import curve, protocol
+from dorylus.clusterfile import ClusterSpec
+from dorylus.config import TrainConfig, server_view
+from dorylus.coordinator import Cluster, ClusterError
+from dorylus.errors import ConfigError
+from dorylus.partition import PartitionStore, StoreMeta
+from dorylus.protocol import Header, Op
+
+DEFAULT_WAIT_S = 120.0
+HELLO_EVERY_S = 2.0  # greet again: a server that restarted meanwhile lost the first HELLO
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteStore:
+    """The partition store the graph servers load, as the coordinator knows it: ``meta.json`` only."""
+
+    path: str
+    meta: StoreMeta
+
+    @property
+    def num_parts(self) -> int:
+        return self.meta.num_parts
+
+    def fingerprint(self) -> str:
+        return PartitionStore(Path(self.path), self.meta).fingerprint()
+
+
+def remote_store(url: str) -> RemoteStore:
+    """``meta.json`` of the store at ``url`` (``s3://`` or a directory), without any part."""
+    if url.startswith("s3://"):
+        from dorylus.partition.s3 import read_store_meta
+
+        return RemoteStore(url, read_store_meta(url))
+    from dorylus.partition import open_store
+
+    return RemoteStore(url, open_store(url, verify=False).meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteRole:
+    """A server the coordinator did not start: reports name it by its address."""
+
+    name: str
+    endpoint: str
+
+    def where(self) -> str:
+        return f"at {self.endpoint}"
+
+
+def coordinator_keys(spec: ClusterSpec, keys_dir: str | Path | None = None) -> curve.Keyring:
+    """The coordinator's keyring: from ``keys_dir`` (``--keys``), else the cluster file's
+    ``keys``, else the cluster's SSM parameters (Terraform stores them there; the coordinator
+    host's instance role may read them). Cluster mode never runs without CURVE."""
+    directory = keys_dir or spec.keys
+    if directory is not None:
+        return curve.load_keys(directory, "coordinator")
+    if spec.ssm_prefix and "coordinator" in spec.curve_roles:
+        return _keys_from_ssm(spec)
+    raise ConfigError(f"cluster mode needs CURVE keys and {spec.path} names none: make them with `dorylus keys "
+                      "--out DIR`, start the servers with --keys DIR and pass --keys DIR here (or \"keys\": DIR in "
+                      "the cluster file); on AWS give them to Terraform (curve_public_keys, curve_secret_keys)")
+
+
+def _keys_from_ssm(spec: ClusterSpec) -> curve.Keyring:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    base = f"{spec.ssm_prefix}/curve/"
+    found: dict[str, str] = {}
+    try:
+        pages = boto3.client("ssm", region_name=spec.region).get_paginator("get_parameters_by_path").paginate(
+            Path=base, Recursive=True, WithDecryption=True)
+        for page in pages:
+            for parameter in page["Parameters"]:
+                role, _, kind = parameter["Name"][len(base):].partition("/")
+                if kind == "public" or (role, kind) == ("coordinator", "secret"):
+                    found[curve.env_name(role, kind)] = parameter["Value"]
+    except (BotoCoreError, ClientError) as exc:
+        raise ConfigError(f"cannot read the CURVE keys under SSM {base} ({spec.path}'s ssm_prefix): {exc}") from None
+    keys = curve.keys_from_env("coordinator", found)
+    if keys is None:
+        raise ConfigError(f"no CURVE keys under SSM {base}; give Terraform curve_public_keys and curve_secret_keys")
+    return keys
+
+
+def differing_fields(ours: TrainConfig, theirs: dict[str, Any]) -> list[str]:
+    """``name (server X, here Y)`` for every field servers use on which the two configs differ
+    (``theirs``: a server's answer to the ``config`` command)."""
+    mine = server_view(ours.to_dict())
+    return [f"{name} (server {theirs.get(name, '<unset>')!r}, here {value!r})" for name, value in mine.items()
+            if theirs.get(name, "<unset>") != value]
+
+
+class RemoteCluster(Cluster):
+    """The running servers of ``spec`` (see the module docstring); use as a context manager."""
+
+    def __init__(self, config: TrainConfig, spec: ClusterSpec, store: RemoteStore, keys: curve.Keyring,
+                 wait_s: float = DEFAULT_WAIT_S):
+        super().__init__(config, store, None, keys)
+        self.spec = spec
+        self.wait_s = wait_s
+        self.roles = [RemoteRole("parameter server", spec.param_server.endpoint),
+                      *(RemoteRole(f"graph server {i}", s.endpoint) for i, s in enumerate(spec.graph_servers))]
+        self.touched = False  # a command that changes a server was sent: SHUTDOWN at the end
+        self.started = False
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.ps_endpoint = self.spec.param_server.endpoint
+        self.ps = self._dealer(self.ps_endpoint, "paramserver")
+        self.servers = [self._dealer(s.endpoint, "graphserver") for s in self.spec.graph_servers]
+        sockets = [self.ps, *self.servers]
+        ready = self._greet(sockets)
+        self._check_parts(ready[1:])
+        for role, socket in zip(self.roles, sockets):
+            self._check_config(role, socket)
+        for role, socket in zip(self.roles, sockets):
+            self.watchdog.watch(role, role.endpoint, "paramserver" if socket is self.ps else "graphserver")
+        target: dict[str, Any] = {}
+        if self.config.backend == "lambda":
+            f = self.spec.function
+            target = {"function_name": f.name, "region": self.spec.region,
+                      **({"lambda_endpoint": f.endpoint_url} if f.endpoint_url else {})}
+        self.touched = True
+        self._connect_graph_servers([s.endpoint for s in self.spec.graph_servers], **target)
+        self.started = True
+
+    def _greet(self, sockets: list[zmq.Socket]) -> list[Header]:
+        """Every server's READY, waiting up to ``wait_s`` for servers that are still starting.
+
+        A server that answers but holds an earlier run's state (its coordinator died without
+        stopping it) is stopped, and the wait goes on for its service manager to start it
+        afresh: training on its leftover ghost rows and weights would silently change the run."""
+        deadline = time.monotonic() + self.wait_s
+        answers: dict[int, Header] = {}
+        stopped: set[int] = set()
+        last_hello = [0.0] * len(sockets)
+        while len(answers) < len(sockets):
+            now = time.monotonic()
+            if now > deadline:
+                self._no_answer([i for i in range(len(sockets)) if i not in answers], stopped)
+            for i, socket in enumerate(sockets):
+                if i in answers:
+                    continue
+                if now - last_hello[i] >= HELLO_EVERY_S:
+                    protocol.send(socket, Header(Op.HELLO, req=next(self._ids), role="coordinator"))
+                    last_hello[i] = now
+                while socket.poll(0, zmq.POLLIN):
+                    reply, _ = protocol.recv(socket)
+                    if reply.op is not Op.READY:
+                        continue
+                    if reply.meta.get("fresh", True):
+                        answers[i] = reply
+                    elif i not in stopped:
+                        print(f"{self.roles[i].name} at {self.roles[i].endpoint} holds an earlier run's state: "
+                              "stopping it and waiting for it to start afresh", file=sys.stderr, flush=True)
+                        protocol.send(socket, Header(Op.SHUTDOWN, req=next(self._ids)))
+                        stopped.add(i)
+            time.sleep(0.02)
+        return [answers[i] for i in range(len(sockets))]
+
+    def _no_answer(self, missing: list[int], stopped: set[int]) -> None:
+        names = [f"{self.roles[i].name} at {self.roles[i].endpoint}" for i in missing]
+        restarting = [name for i, name in zip(missing, names) if i in stopped]
+        if restarting:
+            raise ClusterError(
+                f"cluster {self.spec.path}: {', '.join(restarting)} held an earlier run's state and was stopped, but "
+                f"did not come back within {self.wait_s:.0f} s; start it again (systemd does, after 30 s: "
+                "--cluster-wait-s longer than that)")
+        raise ClusterError(
+            f"cluster {self.spec.path}: no answer within {self.wait_s:.0f} s from {', '.join(names)}; is it running "
+            "(on AWS: systemctl status dorylus-graphserver / dorylus-paramserver), reachable from here, and started "
+            "with --keys holding this coordinator's public key?")
+
+    def _check_parts(self, ready: list[Header]) -> None:
+        fingerprint = self.store.fingerprint()
+        for i, reply in enumerate(ready):
+            where = f"graph server {i} at {self.roles[i + 1].endpoint}"
+            if reply.meta.get("part") != i or reply.meta.get("parts") != self.store.num_parts:
+                raise ConfigError(f"cluster {self.spec.path}: {where} owns part {reply.meta.get('part')} of "
+                                  f"{reply.meta.get('parts')}, the file lists it for part {i} of "
+                                  f"{self.store.num_parts}")
+            if reply.meta.get("store") != fingerprint:
+                raise ConfigError(f"cluster {self.spec.path}: {where} loaded another partition store than "
+                                  f"{self.spec.store} (its meta.json sha256 {str(reply.meta.get('store'))[:12]}..., "
+                                  f"this store's {fingerprint[:12]}...)")
+
+    def _check_config(self, role: RemoteRole, socket: zmq.Socket) -> None:
+        req = next(self._ids)
+        protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": "config"}))
+        reply, _ = self._await(socket, req, f"{role.name} config", "config")
+        differences = differing_fields(self.config, dict(reply.meta))
+        if differences:
+            raise ConfigError(f"{role.name} at {role.endpoint} runs another training config than this run: "
+                              f"{'; '.join(differences)}. Train with the servers' config (on AWS: --config "
+                              "/etc/dorylus/train.json) or restart them with this one")
+
+    def close(self) -> None:
+        """Stop the servers if this run used them (their state is spent), close the sockets."""
+        if self.touched:
+            self._await_acks(self._shutdown_roles(), 5.0)
+        self._close_sockets()
+        if not self.ctx.closed:
+            self.ctx.term()
+
+    @staticmethod
+    def _await_acks(sent: dict[zmq.Socket, int], timeout_s: float) -> None:
+        """Wait (briefly) for each SHUTDOWN's answer: closing a socket drops what it has not sent."""
+        deadline = time.monotonic() + timeout_s
+        for socket, req in sent.items():
+            while (wait := deadline - time.monotonic()) > 0 and socket.poll(int(wait * 1000), zmq.POLLIN):
+                try:
+                    reply, _ = protocol.recv(socket)
+                except protocol.ProtocolError:
+                    continue
+                if reply.req == req:
+                    break

@@ -1,0 +1,35 @@
+"""The options both server roles (``dorylus graphserver``, ``dorylus paramserver``) share:
+CURVE keys, the address they advertise, and whether they live only as long as their parent.
+
+Started by ``dorylus train`` (local mode) a role exits with its coordinator; started by hand or
+by systemd (cluster mode) it waits for coordinators for as long as it runs, so the parent watch
+is opt-in (``--exit-with-parent``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dorylus.endpoints import check_advertise
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument("--keys", metavar="DIR",
+                        help=f"CURVE keys directory (`dorylus keys`, or the servers' copy from SSM): the socket "
+                             f"becomes a CURVE server with DIR/{role}.secret that admits only the coordinator's, the "
+                             "graph servers' and the function's public keys, each to its own operations "
+                             "(default: no CURVE)")
+    parser.add_argument("--advertise", metavar="HOST[:PORT]",
+                        help="the address functions and peers dial, when it differs from --bind (e.g. bind "
+                             "tcp://0.0.0.0:5500, advertise the private IP); PORT defaults to the bound one")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="stop when the process that started this one exits (what `dorylus train` asks of "
+                             "the roles it starts); by default the server keeps waiting for coordinators")
+
+
+def server_options(args: argparse.Namespace, role: str):
+    """``(keys, advertise)`` from the parsed options, checked."""
+    from dorylus.curve import load_keys
+
+    advertise = check_advertise("--advertise", args.advertise) if args.advertise else None
+    keys = load_keys(args.keys, role) if args.keys else None
+    return keys, advertise
