@@ -36,6 +36,7 @@ from dorylus import curve, protocol, sockets
 from dorylus.config import TrainConfig
 from dorylus.cost import Pricing, epoch_metrics
 from dorylus.errors import DorylusError
+from dorylus.lifecycle import local_process_environment
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import PartitionStore
 from dorylus.protocol import Header, Op
@@ -178,15 +179,6 @@ def emulator_physics(config: TrainConfig):
     return Physics(start_latency_ms=config.lambda_start_latency_ms, cold_start_ms=config.lambda_cold_start_ms,
                    keep_warm_s=config.lambda_keep_warm_s, bandwidth_mbps=config.lambda_bandwidth_mbps,
                    cpu_share=config.lambda_cpu_share)
-
-
-def role_environment() -> dict[str, str]:
-    """The environment of a local role: numpy's OpenBLAS limited to one thread (unless the user
-    set it). Every role and emulator worker shares the machine's cores, and an idle OpenBLAS pool
-    spins after each product: with one pool per core in every process, epochs took 1.7x (cpu) to
-    2.5x (lambda) as long on 2 cores. Parallelism comes from the roles, intervals and torch's
-    threads (``--threads``) instead."""
-    return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
 
 
 class Cluster:
@@ -387,7 +379,7 @@ class LocalCluster(Cluster):
         with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
             process = subprocess.Popen([sys.executable, *args, "--exit-with-parent"], stdout=out,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
-                                       env=role_environment())
+                                       env=local_process_environment())
         self.children.append(_Child(name, process, log))
 
     def _wait_ready(self, ready_file: Path, child: _Child) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 from dorylus.emulator.worker import worker_main
 from dorylus.errors import DorylusError
+from dorylus.lifecycle import one_blas_thread_for_children
 
 logger = logging.getLogger("dorylus.emulator")
 
@@ -53,7 +54,8 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=worker_main, args=(child, code_dirs), name=name,
                                    daemon=True)
-        self.process.start()
+        with one_blas_thread_for_children():
+            self.process.start()
         child.close()
         self.ready = False
         self.last_call_end: dict[str, float] = {}  # handler spec -> time.monotonic()
