@@ -16,8 +16,8 @@ A warm container keeps the rows of static inputs (:data:`dorylus.models.base.STA
 features, ids, labels, splits) per (run, part, interval) and pulls them once. Sparse features
 arrive as CSR (:func:`dorylus.protocol.named_rows`) and are kept as
 :class:`~dorylus.models.sparse.SparseRows`, whose cached orders then serve every later call.
-With the emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), each transfer takes at least
-bytes / bandwidth.
+With the emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), a call's transfers share the
+cap: together they take at least their bytes / bandwidth.
 
 Transport security: when the ``DORYLUS_CURVE_*`` environment variables are set (Terraform puts
 the function's key pair and the servers' public keys there, :mod:`dorylus.curve`), every
@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import zmq
@@ -58,8 +58,47 @@ class FunctionTaskError(RuntimeError):
     """A server answered with ERROR or did not answer; names the task, interval and epoch."""
 
 
+class _Link:
+    """A call's share of the network under the emulator's bandwidth cap: its transfers, in the
+    order they are sent, each hold the link for bytes / bandwidth."""
+
+    def __init__(self, bandwidth_bytes_per_s: float | None):
+        self.bandwidth = bandwidth_bytes_per_s
+        self.free_at = 0.0
+
+    def hold(self, started: float, nbytes: int) -> None:
+        if self.bandwidth:
+            self.free_at = max(self.free_at, started) + nbytes / self.bandwidth
+            time.sleep(max(0.0, self.free_at - time.monotonic()))
+
+
+class _Pending:
+    """A request sent and not yet answered: :meth:`reply` waits for its answer."""
+
+    def __init__(self, peer: "_Peer", header: Header, sent_bytes: int):
+        self.peer, self.header, self.sent_bytes = peer, header, sent_bytes
+        self.started = time.monotonic()
+
+    def reply(self) -> tuple[Header, list[np.ndarray]]:
+        peer, header = self.peer, self.header
+        deadline = self.started + peer._timeout()
+        while True:
+            try:
+                reply, arrays = protocol.recv(peer.socket, timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise FunctionTaskError(f"{peer.what} did not answer {header.op.value}") from None
+            if reply.req == header.req:
+                break  # anything else answers a request of an earlier call that gave up waiting
+        if reply.op is Op.ERROR:
+            raise FunctionTaskError(f"{peer.what} refused {header.op.value}: {reply.code}: {reply.message}")
+        peer.link.hold(self.started, self.sent_bytes + sum(a.nbytes for a in arrays))
+        return reply, arrays
+
+
 class _Peer:
-    """A DEALER connection with blocking request/reply and a deadline on every wait."""
+    """A DEALER connection with one request in flight at a time (:meth:`send`, then the pending
+    request's ``reply()``) and a deadline on every wait. A call sends to its two peers before it
+    waits for either, so the graph server's and the parameter server's round trips overlap."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, what: str, context: Any,
                  keys: curve.Keyring | None = None):
@@ -68,26 +107,16 @@ class _Peer:
         self.keys = keys
         self.what = f"{what} {endpoint}"
         self.context = context
-        self.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
+        self.link = _Link(None)
+
+    def send(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> _Pending:
+        header = dataclasses.replace(header, req=next(_request_ids))
+        pending = _Pending(self, header, sum(np.asarray(t).nbytes for t in tensors))
+        protocol.send(self.socket, header, tensors)
+        return pending
 
     def request(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
-        header = dataclasses.replace(header, req=next(_request_ids))
-        start = time.monotonic()
-        protocol.send(self.socket, header, tensors)
-        deadline = start + self._timeout()
-        while True:
-            try:
-                reply, arrays = protocol.recv(self.socket, timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise FunctionTaskError(f"{self.what} did not answer {header.op.value}") from None
-            if reply.req == header.req:
-                break  # anything else answers a request of an earlier call that gave up waiting
-        if reply.op is Op.ERROR:
-            raise FunctionTaskError(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}")
-        if self.bandwidth:
-            moved = sum(np.asarray(t).nbytes for t in (*tensors, *arrays))
-            time.sleep(max(0.0, moved / self.bandwidth - (time.monotonic() - start)))
-        return reply, arrays
+        return self.send(header, tensors).reply()
 
     def _timeout(self) -> float:
         remaining = getattr(self.context, "get_remaining_time_in_millis", None)
@@ -108,40 +137,56 @@ def task_header(op: Op, event: dict[str, Any], **fields: Any) -> Header:
                   attempt=int(event.get("attempt", 0)), meta=meta, **fields)
 
 
-def _pull_rows(event: dict[str, Any], graph: _Peer) -> list[np.ndarray]:
+def _pull_rows(event: dict[str, Any], graph: _Peer) -> Callable[[], list[np.ndarray]]:
+    """Send the pull of the rows not cached; the returned function waits for them and returns
+    the rows of ``event["reads"]`` in order."""
     reads = list(event["reads"])
     run, part, interval = str(event.get("run", "")), int(event["part"]), int(event["interval"])
     if any(key[0] != run for key in _static_rows):  # a new run: the old rows are of no use
         _static_rows.clear()
     cached = {n: _static_rows.get((run, part, interval, n)) for n in reads if n in STATIC}
     missing = [n for n in reads if cached.get(n) is None]
-    if missing:
-        reply, arrays = graph.request(task_header(Op.PULL, event, names=tuple(missing)))
-        for name, rows in zip(missing, protocol.named_rows(reply, arrays)):
-            if isinstance(rows, CsrRows):
-                rows = SparseRows(rows.data, rows.indices, rows.indptr, (len(rows.indptr) - 1, rows.width))
-            if name in STATIC:
-                cached[name] = _static_rows[(run, part, interval, name)] = rows
-            else:
+    pending = graph.send(task_header(Op.PULL, event, names=tuple(missing))) if missing else None
+
+    def rows() -> list[np.ndarray]:
+        if pending is not None:
+            reply, arrays = pending.reply()
+            for name, rows in zip(missing, protocol.named_rows(reply, arrays)):
+                if isinstance(rows, CsrRows):
+                    rows = SparseRows(rows.data, rows.indices, rows.indptr, (len(rows.indptr) - 1, rows.width))
+                if name in STATIC:
+                    _static_rows[(run, part, interval, name)] = rows
                 cached[name] = rows
-    return [cached[n] for n in reads]
+        return [cached[n] for n in reads]
+
+    return rows
 
 
 def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, Any]:
+    """Pull (rows and weights at once), compute, push (gradient and rows at once). Pushing the
+    rows does not wait for the gradient's acknowledgement: the call succeeds only once both are
+    acknowledged, and a call that fails after either was accepted is relaunched, whose repeated
+    push the server that has it acknowledges and drops, so each is still applied exactly once."""
     model = get_model(event["model"])
     layer, epoch, interval, part = (int(event[k]) for k in ("layer", "epoch", "interval", "part"))
     rows = _pull_rows(event, graph)
+    weights = params.send(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=part,
+                                 meta={"weights": event["weights"]})) if event.get("weights") else None
+    rows = rows()
     w, meta = None, {}
-    if event.get("weights"):
-        reply, (w,) = params.request(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=part,
-                                            meta={"weights": event["weights"]}))
+    if weights is not None:
+        reply, (w,) = weights.reply()
         meta = {"version": reply.version, "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
     result = model.compute(event["task"], layer, rows, w, event["args"])
+    grads = None
     if event.get("grad") and result.grad_w is not None:
-        params.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, part=part,
-                              version=meta["version"], attempt=int(event.get("attempt", 0))), [result.grad_w])
+        grads = params.send(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, part=part,
+                                   version=meta["version"], attempt=int(event.get("attempt", 0))), [result.grad_w])
     meta.update(result.meta)
-    graph.request(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
+    pushed = graph.send(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
+    if grads is not None:
+        grads.reply()
+    pushed.reply()
     return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
 
 
@@ -160,7 +205,6 @@ def _peer(endpoint: str, what: str, context: Any) -> _Peer:
     if peer is None:
         peer = _peers[endpoint] = _Peer(zmq.Context.instance(), endpoint, what, context, keys)
     peer.context = context
-    peer.bandwidth = getattr(context, "bandwidth_bytes_per_s", None)
     return peer
 
 
@@ -168,6 +212,7 @@ def handler(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """AWS Lambda entry point. Raises :class:`FunctionTaskError` (a function error) on failure."""
     graph = _peer(event["graph_server"], "graph server", context)
     params = _peer(event["param_server"], "parameter server", context)
+    graph.link = params.link = _Link(getattr(context, "bandwidth_bytes_per_s", None))
     try:
         return run_task(event, graph, params)
     except FunctionTaskError as exc:

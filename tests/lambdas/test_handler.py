@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -67,6 +68,9 @@ class FakeServers:
         self.errors: list[BaseException] = []
         self.refuse: set[Op] = set()   # answer these ops with ERROR
         self.ignore: set[Op] = set()   # never answer these
+        self.answer_after: dict[Op, Op] = {}  # answer op K only once op V has arrived (either server)
+        self._held: list[tuple[Op, zmq.Socket, bytes, Header, list]] = []
+        self._seen: set[Op] = set()
         self.ctx = zmq.Context()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="fake-servers", daemon=True)
@@ -116,7 +120,11 @@ class FakeServers:
             reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
         else:
             raise AssertionError(f"{who} got unexpected {header.op.value}")
-        protocol.send_routed(socket, identity, reply, out)
+        self._seen.add(header.op)
+        self._held.append((self.answer_after.get(header.op), socket, identity, reply, out))
+        for held in [h for h in self._held if h[0] is None or h[0] in self._seen]:
+            self._held.remove(held)
+            protocol.send_routed(*held[1:])
 
     def take_log(self) -> list[tuple[str, Header, list[np.ndarray]]]:
         log, self.log = self.log, []
@@ -199,10 +207,10 @@ def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[st
     start, stop = event["rows"]
     summary = handler(event, LambdaContext())
     log = servers.take_log()
-    ops = [(who, h.op) for who, h, _ in log]
-    expected_ops = ([("graph", Op.PULL)] if expected_pull else []) + \
-                   ([("params", Op.PULL_WEIGHTS)] if stage.weights else []) + \
-                   ([("params", Op.PUSH_GRADS)] if grad else []) + [("graph", Op.PUSH)]
+    # Each peer's requests in order (the two peers' requests overlap, so their interleaving varies).
+    ops = {peer: [h.op for who, h, _ in log if who == peer] for peer in ("graph", "params")}
+    expected_ops = {"graph": ([Op.PULL] if expected_pull else []) + [Op.PUSH],
+                    "params": ([Op.PULL_WEIGHTS] if stage.weights else []) + ([Op.PUSH_GRADS] if grad else [])}
     assert ops == expected_ops, (stage.task, stage.layer, event["pass"], ops)
     by_op = {h.op: (h, t) for _, h, t in log}
     ident = dict(epoch=event["epoch"], layer=stage.layer, interval=event["interval"], part=PART)
@@ -289,6 +297,34 @@ def test_handler_pulls_computes_and_pushes(setup):
     assert pulls[(loss.key, 0, 1)][-2:] == ["labels", "split"]
     assert "labels" not in pulls[(loss.key, 0, 2)] and pulls[(loss.key, 0, "b")][-2:] == ["labels", "split"]
     assert {s.weights for s in train} >= {"pin", "stash"}
+
+
+def test_the_two_pulls_and_the_two_pushes_overlap(setup):
+    """Each server answers only once the other has its request: a handler that waited for one
+    reply before sending to the other server would time out here."""
+    _, plan, servers = setup
+    stage = next(s for s in plan.train if s.kind == FUNCTION and s.grad and s.weights)
+    servers.answer_after = {Op.PULL: Op.PULL_WEIGHTS, Op.PULL_WEIGHTS: Op.PULL,
+                            Op.PUSH: Op.PUSH_GRADS, Op.PUSH_GRADS: Op.PUSH}
+    event = make_event(servers, stage, "train", 1, 0, "run-overlap")
+    summary = handler(event, LambdaContext(remaining_ms=5000))
+    assert summary["version"] == VERSION
+    peers = handler_module._peers
+    assert peers[servers.graph_endpoint].link is peers[servers.params_endpoint].link  # one cap per call
+    assert [h.op for _, h, _ in servers.take_log()][-2:] in ([Op.PUSH_GRADS, Op.PUSH], [Op.PUSH, Op.PUSH_GRADS])
+
+
+def test_a_calls_transfers_share_the_bandwidth_cap():
+    """Under the emulator's cap, transfers sent together queue for the link: two of 0.1 s each
+    take 0.2 s, not 0.1 s. Without a cap, nothing waits."""
+    link = handler_module._Link(1000.0)  # bytes per second
+    start = time.monotonic()
+    link.hold(start, 100)
+    link.hold(start, 100)
+    assert time.monotonic() - start >= 0.2
+    start = time.monotonic()
+    handler_module._Link(None).hold(start, 10**9)
+    assert time.monotonic() - start < 0.1
 
 
 def test_server_error_is_a_named_function_error(setup):
