@@ -6,6 +6,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,17 @@ def _stderr_progress(message: str) -> None:
 
 def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+_ctrl_c_seen = False
+
+
+def _on_ctrl_c(signum: int, frame) -> None:
+    """Python's default SIGINT behaviour, remembered: C code importing a module may swallow the
+    KeyboardInterrupt and raise ImportError in its place (numpy's ``PyCapsule_Import`` does)."""
+    global _ctrl_c_seen
+    _ctrl_c_seen = True
+    raise KeyboardInterrupt
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -322,16 +334,29 @@ def main(argv: list[str] | None = None) -> int:
     # Named before parsing so that a Ctrl-C while the parser's modules import still says whose it is.
     command = next((a for a in argv if not a.startswith("-")), None)
     prog = f"dorylus {command}" if command else "dorylus"
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_ctrl_c) if in_main_thread else None
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except DorylusError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_status
+    except Exception:
+        if not _ctrl_c_seen:
+            raise
+        return _interrupted(prog)  # the interrupt, turned into another error by native code
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        _forget_escaped_interrupt()
-        return 130
+        return _interrupted(prog)
+    finally:
+        if in_main_thread and previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(prog: str) -> int:
+    print(f"{prog}: interrupted", file=sys.stderr)
+    _forget_escaped_interrupt()
+    return 130
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dorylus import cli
 from dorylus.data.loaders import save_npz
 from dorylus.partition import assign_parts, write_store
 from tests.graphs import random_graph
@@ -187,6 +188,37 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path, library):
     assert err == "dorylus train: interrupted\n"
 
 
+class _ImportingParser:
+    """A parser whose modules' import meets Ctrl-C inside native code that turns the
+    KeyboardInterrupt into ImportError (as numpy's PyCapsule_Import does)."""
+
+    def __init__(self, ctrl_c: bool):
+        self.ctrl_c = ctrl_c
+
+    def parse_args(self, argv):
+        try:
+            if self.ctrl_c:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs before this returns
+        except KeyboardInterrupt:
+            raise ImportError('PyCapsule_Import could not import module "datetime"') from None
+        raise ImportError("a real import error")
+
+
+def test_an_interrupt_turned_into_import_error_is_still_one_line(monkeypatch, capsys):
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(cli, "_ctrl_c_seen", False)
+    monkeypatch.setattr(cli, "build_parser", lambda: _ImportingParser(ctrl_c=True))
+    assert cli.main(["train"]) == 130
+    assert capsys.readouterr().err == "dorylus train: interrupted\n"
+    # Without Ctrl-C, an import error is not mistaken for one.
+    monkeypatch.setattr(cli, "_ctrl_c_seen", False)
+    monkeypatch.setattr(cli, "build_parser", lambda: _ImportingParser(ctrl_c=False))
+    with pytest.raises(ImportError, match="a real import error"):
+        cli.main(["train"])
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+
+
 def test_help_does_not_import_torch(tmp_path):
     code = ("import contextlib, io, sys\n"
             "from dorylus.cli import build_parser\n"
@@ -199,3 +231,33 @@ def test_help_does_not_import_torch(tmp_path):
                           env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "False\n"
+
+
+
+def _cuda_available() -> bool:
+    """Asked in a subprocess, so that this module does not import torch for every test."""
+    code = "import torch; print(torch.cuda.is_available())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=ENV).stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("device, needles", [("cuda", ("--device", "cuda is not available", "--device cpu")),
+                                             ("tpu", ("--device", "'tpu'", "'cuda', 'cuda:n' or 'cpu'"))])
+def test_train_gpu_device_absent_or_unknown(tmp_path, device, needles):
+    if device == "cuda" and _cuda_available():
+        pytest.skip("checks the error of a machine without CUDA")
+    data = tmp_path.parent / f"{tmp_path.name}-graph.npz"
+    save_npz(random_graph(), data)
+    proc = run(tmp_path, "train", "--dataset", str(data), "--backend", "gpu", "--device", device, "--epochs", "1")
+    assert_one_error(proc, "train", *needles)
+    assert not list(tmp_path.iterdir())
+
+
+def test_graphserver_gpu_without_cuda(tmp_path, store):
+    if _cuda_available():
+        pytest.skip("checks the error of a machine without CUDA")
+    config = tmp_path.parent / f"{tmp_path.name}-gpu.json"
+    config.write_text(json.dumps({"backend": "gpu", "device": "cuda:0", "hidden": 4}))
+    proc = run(tmp_path, "graphserver", *graphserver_args(store, **{"--config": str(config)}))
+    assert_one_error(proc, "graphserver", "--device", "cuda is not available")
+    assert not list(tmp_path.iterdir())
