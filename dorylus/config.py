@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from dorylus.errors import ConfigError
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 
 MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices the gpu backend runs on
 MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
 
 
@@ -74,8 +76,18 @@ class TrainConfig:
                                    ("first", "all"))
     # run
     backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
-                        "(local emulator), 'cpu' = in the graph servers, 'reference' = single-process PyTorch",
-                        ("lambda", "cpu", "reference"))
+                        "(local emulator), 'cpu' = in the graph servers, 'gpu' = in the graph servers on a torch "
+                        "device (--device), Gather and Scatter included, 'reference' = single-process PyTorch",
+                        ("lambda", "cpu", "gpu", "reference"))
+    device: str = _opt("cuda", "gpu backend: the torch device every graph server keeps its partition on and computes "
+                       "on: 'cuda' (the current CUDA device), 'cuda:N', or 'cpu' (torch's CPU kernels; for "
+                       "machines without a GPU and for tests)")
+    allow_tf32: bool = _opt(False, "gpu backend: let CUDA matrix products use TF32 (faster on Ampere and later, "
+                            "about 1e-3 relative error: sync mode then no longer equals the reference to 1e-5)")
+    gpu_memory_fraction: float | None = _opt(None, "gpu backend on CUDA: the share of the device's memory each "
+                                             "graph server may take (torch.cuda.set_per_process_memory_fraction), "
+                                             "so that several share one GPU; default 1 / parts (a local run puts "
+                                             "every graph server on the one --device; set 1 when each has its own)")
     mode: str = _opt("sync", "scheduler: 'sync' = barrier after every task stage and Scatter; 'pipe' = intervals "
                      "pipelined, Scatter still a barrier (both exact, equal the reference); 'async' = no Scatter "
                      "barrier, bounded by --staleness", ("sync", "pipe", "async"))
@@ -188,6 +200,11 @@ class TrainConfig:
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
             (self.max_message_mb is None or (math.isfinite(self.max_message_mb) and self.max_message_mb >= 1),
              "max_message_mb must be >= 1"),
+            (DEVICE_PATTERN.fullmatch(self.device) is not None,
+             f"device {self.device!r} (--device) is not a torch device the gpu backend runs on: 'cuda', "
+             "'cuda:N' or 'cpu'"),
+            (self.gpu_memory_fraction is None or 0.0 < self.gpu_memory_fraction <= 1.0,
+             f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"),
         ]
         from dorylus.cost import DEFAULT_PRICES
 
@@ -214,6 +231,23 @@ class TrainConfig:
         if not callable(handler):
             raise ConfigError(f"invalid config: function_handler {self.function_handler!r} is not a "
                               "module:callable")
+
+    def check_device(self) -> None:
+        """The gpu backend's ``device`` exists on this machine (CUDA built in, a device of that
+        index visible), checked before anything is written. Local mode checks it in the
+        coordinator; in cluster mode each graph server checks its own machine."""
+        if self.backend != "gpu" or not self.device.startswith("cuda"):
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ConfigError(f"invalid config: device {self.device!r} (--device): CUDA is not available on this "
+                              f"machine ({why}); use --device cpu to run the gpu backend on torch's CPU kernels")
+        index = torch.device(self.device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f"invalid config: device {self.device!r} (--device): this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

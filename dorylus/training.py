@@ -140,6 +140,7 @@ def check_new_run(config: TrainConfig) -> TrainConfig:
     if config.run_dir is None:
         config = dataclasses.replace(config, run_dir=str(default_run_dir(config.dataset, config.backend)))
     config.check_function_handler()
+    config.check_device()
     check_creatable_dir(config.run_dir, "run directory")
     return config
 
@@ -194,7 +195,7 @@ def _open_cluster(config: TrainConfig, where: ClusterArgs):
     if not where.wait_s > 0:
         raise ConfigError(f"--cluster-wait-s must be > 0, got {where.wait_s}")
     if config.backend == "reference":
-        raise ConfigError("cluster mode runs the lambda or cpu backend on the cluster's servers, not 'reference'")
+        raise ConfigError("cluster mode runs the lambda, cpu or gpu backend on the cluster's servers, not 'reference'")
     if config.partitions not in (None, spec.store):
         raise ConfigError(f"--partitions {config.partitions} disagrees with the store of cluster file {spec.path}, "
                           f"{spec.store} (omit --partitions in cluster mode)")
@@ -268,6 +269,7 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
         return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), None, remote.store,
                     dict(checkpoint.identity), checkpoint, progress, cluster=remote)
     config.check_function_handler()
+    config.check_device()
     own_store = run_dir / "partitions"
     store = None
     if config.backend != "reference":

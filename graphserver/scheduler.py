@@ -174,31 +174,26 @@ class Scheduler:
 
     async def _scatter(self, pass_: str, epoch: int, stage: Stage) -> None:
         """SC: peers get our rows of the Gather's inputs that they hold as ghosts; theirs fill ours."""
-        server = self.server
-        part = server.state.part
+        server, state = self.server, self.server.state
         for name in stage.reads:
-            buffer = server.state.buffers[name]
             await server.send_ghosts("SC", pass_, epoch, stage.layer, name,
-                                     {j: buffer[part.send_rows(j)] for j in server.peers})
+                                     {j: state.rows_for_peer(name, j) for j in server.peers})
         for name in stage.reads:
-            buffer = server.state.buffers[name]
             received = await self._receive("SC", pass_, epoch, stage.layer, name)
             for j, rows in received.items():
-                buffer[part.ghost_rows(j)] = rows
+                state.set_ghost_rows(name, j, rows)
 
     async def _gather_backward(self, pass_: str, epoch: int, stage: Stage) -> None:
-        server = self.server
-        state, part = server.state, server.state.part
+        server, state = self.server, self.server.state
         local = await server.run_in_thread(server.run_gather_backward, stage, pass_, epoch)
         for name, contribution in zip(stage.writes, local):
             await server.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
-                                     {j: contribution[part.ghost_rows(j)] for j in server.peers})
+                                     {j: state.contribution_for_peer(contribution, j) for j in server.peers})
         for name, contribution in zip(stage.writes, local):
-            grad = state.buffers[name]
-            grad[:] = contribution[: state.n_owned]
+            state.set_owned_rows(name, contribution)
             received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name)
             for j in sorted(received):  # fixed order: the sum does not depend on arrival order
-                grad[part.send_rows(j)] += received[j]
+                state.add_peer_contribution(name, j, received[j])
 
     async def _receive(self, task: str, pass_: str, epoch: int, layer: int, name: str) -> dict[int, np.ndarray]:
         """Every peer's newest rows of ``name``, waiting until each is at most S epochs old."""

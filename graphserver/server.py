@@ -127,11 +127,10 @@ class GraphServer:
         self.stages = {(p, s.task, s.layer): s for p, stages in (("train", self.plan.train),
                                                                   ("eval", self.plan.evaluate)) for s in stages}
         self.mode = get_mode(config.mode, config.staleness)
-        from graphserver.state import PartitionState  # torch: kept out of the module so `--help` is fast
+        from graphserver.backends import make_state  # torch: kept out of the module so `--help` is fast
 
-        self.state = PartitionState(store.load_part(part_id), self.plan,
-                                    row_normalize_features=config.row_normalize_features,
-                                    num_intervals=config.intervals, sparse_features=config.sparse_features)
+        # The backend decides where the partition's rows live (host numpy, or a torch device).
+        self.state = make_state(config, store.load_part(part_id), self.plan, parts=self.num_parts)
         self.bounds = Bounds(num_rows=self.state.n_owned, intervals=self.state.intervals,
                              num_layers=len(self.spec.layers))
         # What this server receives at most in one frame: rows of one of its buffers (PUSH,
@@ -295,7 +294,7 @@ class GraphServer:
         unknown = [n for n in header.names if n not in self.state.static and n not in self.state.buffers]
         if unknown:
             raise ProtocolError("bad_field", f"unknown tensor name(s) {unknown}", req=header.req)
-        return [self.state.rows(name)[start:stop] for name in header.names]
+        return [self.state.host_rows(name, start, stop) for name in header.names]
 
     def _accept_push(self, header: Header, tensors: list[np.ndarray]) -> bool:
         """A function's result rows; True if it was a duplicate (or for no known stage) and dropped."""
@@ -344,27 +343,14 @@ class GraphServer:
         return self.results.pop(key)
 
     def run_vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        a, b = self.state.intervals[interval]
-        rows = [self.state.rows(name)[a:b] for name in stage.reads]
-        result = self.model.compute(stage.task, stage.layer, rows, None, self.stage_args(stage, pass_, epoch))
-        for name, values in zip(stage.writes, result.rows):
-            self.state.buffers[name][a:b] = values
+        self.state.vertex(self.model, stage, interval, self.stage_args(stage, pass_, epoch))
 
     def run_gather(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        a, b = self.state.intervals[interval]
-        inputs = [self.state.buffers[name] for name in stage.reads]
-        result = self.model.gather(stage.task, stage.layer, self.state.graph, (a, b), inputs,
-                                   self.stage_args(stage, pass_, epoch))
-        for name, values in zip(stage.writes, result):
-            self.state.buffers[name][a:b] = values
+        self.state.gather(self.model, stage, interval, self.stage_args(stage, pass_, epoch))
 
-    def run_gather_backward(self, stage, pass_: str, epoch: int) -> list[np.ndarray]:
+    def run_gather_backward(self, stage, pass_: str, epoch: int) -> list:
         """The stage's gradients for every local row (ghost rows: contributions to the peers)."""
-        n = self.state.n_owned
-        inputs = [self.state.buffers[name][:n] if k == 0 else self.state.buffers[name]
-                  for k, name in enumerate(stage.reads)]
-        return self.model.gather_backward(stage.task, stage.layer, self.state.graph, inputs,
-                                          self.stage_args(stage, pass_, epoch))
+        return self.state.gather_backward(self.model, stage, self.stage_args(stage, pass_, epoch))
 
     def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
         return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",

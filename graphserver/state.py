@@ -6,13 +6,20 @@ Local rows are ``[owned; ghosts]`` (see :mod:`dorylus.partition.store`). The mod
 inputs ``X``, ``ids``, ``labels`` and ``split`` hold the owned rows only; ``X`` is
 :class:`~dorylus.models.sparse.SparseRows` when the features are kept sparse
 (``sparse_features``, :func:`dorylus.models.sparse.in_layout`), whatever layout the store has.
+
+The state also runs what reads and writes its rows in the graph server: the model's graph
+stages (``GATHER``, ``GATHER_BACKWARD``), its ``VERTEX`` stages and, for the in-process backends,
+its ``FUNCTION`` stages (:meth:`compute`), and it moves rows in and out for the ghost exchange,
+which always carries numpy rows. Here every row is a numpy array on the host; the ``gpu``
+backend's :class:`graphserver.backends.gpu.DeviceState` keeps them on a torch device and runs
+the same stages with the models' torch twins, behind the same methods.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dorylus.models.base import STATIC, Plan
+from dorylus.models.base import STATIC, Plan, Result, Stage
 from dorylus.models.graph import CsrGraph
 from dorylus.models.ops import encode_split
 from dorylus.models.sparse import SparseRows, in_layout
@@ -59,3 +66,62 @@ class PartitionState:
     def rows(self, name: str) -> np.ndarray:
         """The buffer or static input ``name`` (KeyError if the model has none such)."""
         return self.static[name] if name in self.static else self.buffers[name]
+
+    def host_rows(self, name: str, start: int, stop: int):
+        """Rows ``[start, stop)`` of ``name`` as the wire carries them (numpy, or ``SparseRows``)."""
+        return self.rows(name)[start:stop]
+
+    # ------------------------------------------------------------------ the model's stages
+
+    def compute(self, model, task: str, layer: int, rows: list, w: np.ndarray | None, args: dict) -> Result:
+        """``model.compute`` on rows of this state (see :meth:`interval_rows`); ``w`` and the
+        result's ``grad_w`` are numpy, as the parameter server has them."""
+        return model.compute(task, layer, rows, w, args)
+
+    def interval_rows(self, name: str, interval: int):
+        a, b = self.intervals[interval]
+        return self.rows(name)[a:b]
+
+    def write(self, name: str, interval: int, values) -> None:
+        a, b = self.intervals[interval]
+        self.buffers[name][a:b] = values
+
+    def vertex(self, model, stage: Stage, interval: int, args: dict) -> None:
+        rows = [self.interval_rows(name, interval) for name in stage.reads]
+        result = self.compute(model, stage.task, stage.layer, rows, None, args)
+        for name, values in zip(stage.writes, result.rows):
+            self.write(name, interval, values)
+
+    def gather(self, model, stage: Stage, interval: int, args: dict) -> None:
+        inputs = [self.buffers[name] for name in stage.reads]
+        result = model.gather(stage.task, stage.layer, self.graph, self.intervals[interval], inputs, args)
+        for name, values in zip(stage.writes, result):
+            self.write(name, interval, values)
+
+    def gather_backward(self, model, stage: Stage, args: dict) -> list[np.ndarray]:
+        """The stage's gradients for every local row (ghost rows: contributions to the peers)."""
+        inputs = [self.buffers[name][: self.n_owned] if k == 0 else self.buffers[name]
+                  for k, name in enumerate(stage.reads)]
+        return model.gather_backward(stage.task, stage.layer, self.graph, inputs, args)
+
+    # ------------------------------------------------------------------ ghost exchange (numpy rows)
+
+    def rows_for_peer(self, name: str, peer: int) -> np.ndarray:
+        """Our owned rows of ``name`` that ``peer`` holds as ghosts, in its order."""
+        return self.buffers[name][self.part.send_rows(peer)]
+
+    def set_ghost_rows(self, name: str, peer: int, rows: np.ndarray) -> None:
+        """``peer``'s rows of ``name`` into our ghost rows of it."""
+        self.buffers[name][self.part.ghost_rows(peer)] = rows
+
+    def contribution_for_peer(self, contribution, peer: int) -> np.ndarray:
+        """The rows of a :meth:`gather_backward` result that belong to ``peer``'s vertices."""
+        return contribution[self.part.ghost_rows(peer)]
+
+    def set_owned_rows(self, name: str, contribution) -> None:
+        """Buffer ``name`` := the owned rows of a :meth:`gather_backward` result."""
+        self.buffers[name][:] = contribution[: self.n_owned]
+
+    def add_peer_contribution(self, name: str, peer: int, rows: np.ndarray) -> None:
+        """``peer``'s contribution to our rows it holds as ghosts, added to ``name``."""
+        self.buffers[name][self.part.send_rows(peer)] += rows

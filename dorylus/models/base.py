@@ -14,11 +14,14 @@ row buffers they read and write) plus three functions:
 
 ``graph`` is a :class:`dorylus.models.graph.CsrGraph` (in-edges of the owned rows, columns the
 local rows), and ``args`` are the stage's ``args`` plus ``seed``, ``epoch``, ``training`` and
-``train_count``. The graph server runs the stages; the function (``lambdas.handler``) and the
+``train_count``. The ``gpu`` backend runs the same stages on a torch device: ``compute(...,
+ops=dorylus.models.torch_ops)`` (``compute`` is written once over an ``ops`` module, numpy by
+default) and ``gather_torch`` / ``gather_backward_torch``, the graph functions on tensors. The graph server runs the stages; the function (``lambdas.handler``) and the
 ``cpu`` backend call ``compute``; none of them knows which model it runs. A new model is a new
 module in ``dorylus/models/`` registered in :data:`dorylus.models.MODELS`, with
 ``build_plan(spec)``, ``weight_shape(layer)``, ``init_weight(layer, rng)``, the three functions
-above and ``reference_layer`` (its torch twin for the single-process reference).
+above, ``gather_torch`` and ``gather_backward_torch``, and ``reference_layer`` (its torch twin
+for the single-process reference).
 
 Stage kinds:
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from dorylus.masks import keep_edge_mask
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage
-from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
+from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
 NEGATIVE_SLOPE = 0.2
@@ -84,46 +84,47 @@ def init_weight(layer: LayerSpec, rng: np.random.Generator) -> np.ndarray:
     return np.vstack([w, *attention])
 
 
-def _unpack(w: np.ndarray, heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _unpack(w, heads: int, ops=numpy_ops):
     """``W [in, K F]``, ``a_dst [K, F]``, ``a_src [K, F]``."""
-    w = as_float32(w, "w")
+    w = ops.as_float32(w, "w")
     if w.shape[0] < 3 or w.shape[1] % heads:
-        raise ValueError(f"gat weights must be [in + 2, heads * out] with {heads} heads, got shape {w.shape}")
+        raise ValueError(f"gat weights must be [in + 2, heads * out] with {heads} heads, got shape {tuple(w.shape)}")
     return w[:-2], w[-2].reshape(heads, -1), w[-1].reshape(heads, -1)
 
 
-def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any]) -> Result:
-    """The tensor work of one stage on one interval (see the module docstring; ``args`` as in
-    :func:`dorylus.models.gcn.compute`, plus ``heads``)."""
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any],
+            ops=numpy_ops) -> Result:
+    """The tensor work of one stage on one interval (see the module docstring; ``args`` and
+    ``ops`` as in :func:`dorylus.models.gcn.compute`, ``args`` with ``heads``)."""
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
     act = args.get("act_in")
     if task == "AV":
         src, ids = rows
-        weight, a_dst, a_src = _unpack(w, int(args["heads"]))
-        h = check_shape(prepare(src, ids, key, p, act, training), "src", (None, weight.shape[0]))
+        weight, a_dst, a_src = _unpack(w, int(args["heads"]), ops)
+        h = ops.check_shape(ops.prepare(src, ids, key, p, act, training), "src", (None, weight.shape[0]))
         projected = h @ weight
         per_head = projected.reshape(h.shape[0], *a_dst.shape)
-        scores = np.concatenate([(per_head * a_dst).sum(-1), (per_head * a_src).sum(-1)], axis=1)
-        return Result([projected, scores.astype(np.float32, copy=False)])
+        scores = ops.concat([(per_head * a_dst).sum(-1), (per_head * a_src).sum(-1)], axis=1)
+        return Result([projected, scores])
     if task == "LOSS":
-        return loss_stage(list(rows), args)
+        return ops.loss_stage(list(rows), args)
     if task == "AV_BWD":
         grad_p, grad_e, src, ids = rows
-        weight, a_dst, a_src = _unpack(w, int(args["heads"]))
+        weight, a_dst, a_src = _unpack(w, int(args["heads"]), ops)
         heads, width = a_dst.shape
-        h = check_shape(prepare(src, ids, key, p, act, True), "src", (None, weight.shape[0]))
+        h = ops.check_shape(ops.prepare(src, ids, key, p, act, True), "src", (None, weight.shape[0]))
         n = h.shape[0]
-        grad_p = check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
-        grad_e = check_shape(grad_e, "dE", (n, 2 * heads))
+        grad_p = ops.check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
+        grad_e = ops.check_shape(grad_e, "dE", (n, 2 * heads))
         per_head = (h @ weight).reshape(n, heads, width)
         # s_dst = P·a_dst and s_src = P·a_src feed back into P and into the attention vectors.
         grad_dst, grad_src = grad_e[:, :heads, None], grad_e[:, heads:, None]
         grad_per_head = grad_p + grad_dst * a_dst + grad_src * a_src
         grad_a = [(grad_dst * per_head).sum(0).reshape(1, -1), (grad_src * per_head).sum(0).reshape(1, -1)]
         grad_projected = grad_per_head.reshape(n, heads * width)
-        grad_w = np.vstack([h.T @ grad_projected, *grad_a]).astype(np.float32, copy=False)
-        out = [prepare_backward(grad_projected @ weight.T, src, ids, key, p, act)] if layer > 0 else []
+        grad_w = ops.vstack([h.T @ grad_projected, *grad_a])
+        out = [ops.prepare_backward(grad_projected @ weight.T, src, ids, key, p, act)] if layer > 0 else []
         return Result(out, grad_w=grad_w)
     raise ValueError(f"gat has no task {task!r}")
 
@@ -132,32 +133,36 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
 
 
 class _Attention:
-    """Scores, edge softmax and attention dropout of one row block's in-edges (torch)."""
+    """Scores, edge softmax and attention dropout of one row block's in-edges (torch, on the
+    device of ``graph`` and of ``projected``/``scores``)."""
 
     def __init__(self, graph, rows: tuple[int, int] | None, projected, scores, layer: int, args: dict[str, Any]):
         import torch
 
         heads = int(args["heads"])
         self.graph, self.heads, self.concat = graph, heads, bool(args["concat"])
+        self.device = device = projected.device
         start = 0 if rows is None else rows[0]
         self.edges = edges = graph.edges(rows)
         self.num_rows = len(edges.indptr) - 1
         self.projected = projected.view(projected.shape[0], heads, -1)
-        self.dst, self.src = torch.from_numpy(edges.dst), torch.from_numpy(edges.src)
+        self.indptr = graph.tensor(("indptr", rows), edges.indptr)
+        self.dst, self.src = graph.tensor(("dst", rows), edges.dst), graph.tensor(("src", rows), edges.src)
         # z[e, k] = s_dst[v, k] + s_src[u, k] for edge e = (u -> v)
         self.z = (scores[:, :heads].contiguous().index_select(0, self.dst + start)
                   + scores[:, heads:].contiguous().index_select(0, self.src))
         e = torch.nn.functional.leaky_relu(self.z, NEGATIVE_SLOPE)
         index = self.dst[:, None].expand(-1, heads)
-        peak = torch.full((self.num_rows, heads), -torch.inf).scatter_reduce_(0, index, e, "amax")
+        peak = torch.full((self.num_rows, heads), -torch.inf, device=device).scatter_reduce_(0, index, e, "amax")
         exp = torch.exp(e - peak.index_select(0, self.dst))
-        total = torch.zeros(self.num_rows, heads).index_add_(0, self.dst, exp)
+        total = torch.zeros(self.num_rows, heads, device=device).index_add_(0, self.dst, exp)
         self.alpha = exp / total.index_select(0, self.dst)
         p = float(args.get("attention_dropout", 0.0))
         self.keep_scale = None
         if args["training"] and p > 0.0:
             keep = keep_edge_mask(int(args["seed"]), int(args["epoch"]), layer, edges.dst_ids, edges.src_ids, heads, p)
-            self.keep_scale = torch.from_numpy(keep.astype(np.float32) * np.float32(1.0 / (1.0 - p)))
+            keep_scale = torch.from_numpy(keep.astype(np.float32) * np.float32(1.0 / (1.0 - p)))
+            self.keep_scale = keep_scale if device.type == "cpu" else keep_scale.to(device)
         self.weights = self.alpha if self.keep_scale is None else self.alpha * self.keep_scale
 
     def head(self, k: int):
@@ -166,22 +171,20 @@ class _Attention:
 
     def matrix(self, values):
         """``[rows, local rows]`` CSR of the block's edges with ``values`` ``[nnz]``."""
-        from dorylus.models.graph import csr_tensor
+        from dorylus.models.graph import csr_of_tensors
 
-        return csr_tensor(self.edges.indptr, self.edges.src, values.contiguous().numpy(),
-                          (self.num_rows, self.projected.shape[0]))
+        return csr_of_tensors(self.indptr, self.src, values.contiguous(), (self.num_rows, self.projected.shape[0]))
 
     def transposes(self, values):
         """Per head, the ``[local rows, rows]`` CSR of the transpose with ``values`` ``[nnz, K]``
         (whole partition only)."""
-        import torch
-
-        from dorylus.models.graph import csr_tensor
+        from dorylus.models.graph import csr_of_tensors
 
         indptr, order = self.graph.source_order()
-        by_source = values.index_select(0, torch.from_numpy(order))
-        dst = self.edges.dst[order]
-        return [csr_tensor(indptr, dst, by_source[:, k].contiguous().numpy(), (self.projected.shape[0], self.num_rows))
+        order_t = self.graph.tensor(("source_order",), order)
+        crow, dst = self.graph.tensor(("source_indptr",), indptr), self.graph.tensor(("source_dst",), self.edges.dst[order])
+        by_source = values.index_select(0, order_t)
+        return [csr_of_tensors(crow, dst, by_source[:, k].contiguous(), (self.projected.shape[0], self.num_rows))
                 for k in range(self.heads)]
 
 
@@ -211,13 +214,13 @@ def _attend_backward(graph, grad_out, projected, scores, layer: int, args: dict[
     import torch
 
     attention = _Attention(graph, None, projected, scores, layer, args)
-    heads, dst, src = attention.heads, attention.dst, attention.src
+    heads, dst, src, device = attention.heads, attention.dst, attention.src, attention.device
     n_local, width = attention.projected.shape[0], attention.projected.shape[2]
     grad_heads = (grad_out.view(-1, heads, width) if attention.concat
                   else (grad_out / heads)[:, None, :].expand(-1, heads, width))
-    pattern = attention.matrix(torch.ones(len(dst)))
-    grad_projected = torch.empty(n_local, heads, width)
-    grad_weights = torch.empty(len(dst), heads)
+    pattern = attention.matrix(torch.ones(len(dst), device=device))
+    grad_projected = torch.empty(n_local, heads, width, device=device)
+    grad_weights = torch.empty(len(dst), heads, device=device)
     transposes = attention.transposes(attention.weights)
     for k in range(heads):  # per head: sparse products, no nnz x F temporaries
         g = grad_heads[:, k].contiguous()
@@ -225,30 +228,45 @@ def _attend_backward(graph, grad_out, projected, scores, layer: int, args: dict[
         grad_weights[:, k] = torch.sparse.sampled_addmm(pattern, g, attention.head(k).t(), beta=0.0).values()
     grad_alpha = grad_weights if attention.keep_scale is None else grad_weights * attention.keep_scale
     alpha = attention.alpha
-    row_dot = torch.zeros(attention.num_rows, heads).index_add_(0, dst, alpha * grad_alpha)
+    row_dot = torch.zeros(attention.num_rows, heads, device=device).index_add_(0, dst, alpha * grad_alpha)
     grad_z = alpha * (grad_alpha - row_dot.index_select(0, dst))
     grad_z = torch.where(attention.z > 0, grad_z, grad_z * NEGATIVE_SLOPE)
-    grad_scores = torch.zeros(n_local, 2 * heads)
-    grad_scores[: attention.num_rows, :heads] = torch.zeros(attention.num_rows, heads).index_add_(0, dst, grad_z)
-    grad_scores[:, heads:] = torch.zeros(n_local, heads).index_add_(0, src, grad_z)
+    grad_scores = torch.zeros(n_local, 2 * heads, device=device)
+    grad_scores[: attention.num_rows, :heads] = torch.zeros(attention.num_rows, heads,
+                                                            device=device).index_add_(0, dst, grad_z)
+    grad_scores[:, heads:] = torch.zeros(n_local, heads, device=device).index_add_(0, src, grad_z)
     return grad_projected.reshape(n_local, heads * width), grad_scores
+
+
+def gather_torch(task: str, layer: int, graph, rows: tuple[int, int], inputs, args: dict[str, Any]) -> list:
+    """GA: attention-weighted sum of ``P`` over each row's in-edges (see the module docstring),
+    on torch tensors on ``graph``'s device."""
+    projected, scores = inputs
+    return [_attend(graph, rows, projected, scores, layer, args)]
+
+
+def gather_backward_torch(task: str, layer: int, graph, inputs, args: dict[str, Any]) -> list:
+    """GA_BWD: from ``dY`` (owned rows) to ``dP`` and ``dE`` of every local row
+    (:func:`_attend_backward`), on torch tensors on ``graph``'s device."""
+    grad_out, projected, scores = inputs
+    return list(_attend_backward(graph, grad_out, projected, scores, layer, args))
 
 
 def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence[np.ndarray],
            args: dict[str, Any]) -> list[np.ndarray]:
-    """GA: attention-weighted sum of ``P`` over each row's in-edges (see the module docstring)."""
-    import torch
-
-    projected, scores = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in inputs)
-    return [_attend(graph, rows, projected, scores, layer, args).numpy()]
+    """:func:`gather_torch` on numpy rows (the graph server's CPU)."""
+    return [t.numpy() for t in gather_torch(task, layer, graph, rows, _tensors(inputs), args)]
 
 
 def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
-    """GA_BWD: from ``dY`` (owned rows) to ``dP`` and ``dE`` of every local row (:func:`_attend_backward`)."""
+    """:func:`gather_backward_torch` on numpy rows (the graph server's CPU)."""
+    return [t.numpy() for t in gather_backward_torch(task, layer, graph, _tensors(inputs), args)]
+
+
+def _tensors(arrays: Sequence[np.ndarray]) -> list:
     import torch
 
-    grad_out, projected, scores = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in inputs)
-    return [t.numpy() for t in _attend_backward(graph, grad_out, projected, scores, layer, args)]
+    return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in arrays]
 
 
 def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):

@@ -35,8 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage
-from dorylus.models.ops import (as_float32, check_shape, dense, loss_stage, matmul, prepare, prepare_backward,
-                                softmax_cross_entropy)
+from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
 def projects_first(layer: LayerSpec) -> bool:
@@ -99,6 +98,16 @@ def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], 
     return [graph.aggregate_transpose("gcn", inputs[0])]
 
 
+def gather_torch(task: str, layer: int, graph, rows: tuple[int, int], inputs, args: dict[str, Any]) -> list:
+    """:func:`gather` on torch tensors on ``graph``'s device."""
+    return [graph.matrix("gcn", rows) @ inputs[0]]
+
+
+def gather_backward_torch(task: str, layer: int, graph, inputs, args: dict[str, Any]) -> list:
+    """:func:`gather_backward` on torch tensors on ``graph``'s device."""
+    return [graph.transpose("gcn") @ inputs[0]]
+
+
 def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
     """The torch twin of one layer for the single-process reference (autograd does the backward)."""
     from dorylus.models.reference import aggregate, dense_input
@@ -109,7 +118,8 @@ def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int
 # ----------------------------------------------------------------------------- vertex functions
 
 
-def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any]) -> Result:
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any],
+            ops=numpy_ops) -> Result:
     """The tensor work of one stage on one interval.
 
     Args:
@@ -118,6 +128,9 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
         w: ``float32 [in, out]``, ``W_layer`` (``None`` for stages without weights).
         args: the stage's ``args`` plus ``seed``, ``epoch``, ``training`` and ``train_count``
             (the global number of training vertices).
+        ops: the array functions: :mod:`dorylus.models.ops` (numpy arrays) or its torch twin
+            :mod:`dorylus.models.torch_ops` (``rows`` and ``w`` torch tensors on one device; the
+            result's rows and ``grad_w`` are then tensors on it too).
     """
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
@@ -125,33 +138,33 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
     if task == "PREP":
         src, ids = rows
         # H_l is written into a row buffer that Gather reads: sparse features (layer 0) densify here.
-        return Result([dense(prepare(src, ids, key, p, act, training))])
+        return Result([ops.dense(ops.prepare(src, ids, key, p, act, training))])
     if task == "PREP_BWD":
         grad_h, src, ids = rows
-        return Result([prepare_backward(grad_h, src, ids, key, p, act)])
+        return Result([ops.prepare_backward(grad_h, src, ids, key, p, act)])
     if task == "AV":
         if args["project_first"]:
             src, ids = rows
-            h = prepare(src, ids, key, p, act, training)
-            return Result([matmul(h, w)])
-        return Result([matmul(rows[0], w)])
+            h = ops.prepare(src, ids, key, p, act, training)
+            return Result([ops.matmul(h, w)])
+        return Result([ops.matmul(rows[0], w)])
     if task == "AV_BWD":
         if args["project_first"]:
             grad_p, src, ids = rows
-            h = prepare(src, ids, key, p, act, True)
-            grad_p = check_shape(grad_p, "grad", (h.shape[0], as_float32(w, "w").shape[1]))
-            out = [prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
+            h = ops.prepare(src, ids, key, p, act, True)
+            grad_p = ops.check_shape(grad_p, "grad", (h.shape[0], ops.as_float32(w, "w").shape[1]))
+            out = [ops.prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
             return Result(out, grad_w=h.T @ grad_p)
         z, grad_y = rows
-        z = check_shape(z, "z", (None, as_float32(w, "w").shape[0]))
-        grad_y = check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
+        z = ops.check_shape(z, "z", (None, ops.as_float32(w, "w").shape[0]))
+        grad_y = ops.check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
         return Result([grad_y @ w.T] if layer > 0 else [], grad_w=z.T @ grad_y)
     if task == "LOSS":
-        return loss_stage(rows, args)
+        return ops.loss_stage(rows, args)
     if task == "AV_LOSS":
         z, labels, split = rows
-        z = as_float32(z, "z")
-        loss = softmax_cross_entropy(matmul(z, w), labels, split, int(args["train_count"]), training)
+        z = ops.as_float32(z, "z")
+        loss = ops.softmax_cross_entropy(ops.matmul(z, w), labels, split, int(args["train_count"]), training)
         if not training:
             return Result([], meta=loss.meta)
         return Result([loss.grad @ w.T] if layer > 0 else [], grad_w=z.T @ loss.grad, meta=loss.meta)

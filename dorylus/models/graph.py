@@ -14,6 +14,9 @@ kind        entry ``(v, u)``
 Row ``v``'s in-degree is its row length minus the self loop: a graph server owns all in-edges of
 its rows, so means are over the whole graph's neighbourhoods, never a partition's. Uses torch's
 CSR kernels; not part of the Lambda bundle.
+
+The structure itself is numpy (host); the torch matrices and edge index tensors built from it
+are cached on the graph's ``device`` (the CPU by default; the ``gpu`` backend's device), once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ KINDS = ("gcn", "mean")
 
 
 def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
+    """A ``shape`` torch CSR on the CPU over (views of) the numpy arrays."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         # The arrays may be read-only memory maps of the partition store; the matrix is never written.
@@ -36,6 +40,13 @@ def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shap
                                        torch.from_numpy(np.ascontiguousarray(indices)),
                                        torch.from_numpy(np.ascontiguousarray(values)), size=shape,
                                        check_invariants=False)
+
+
+def csr_of_tensors(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A ``shape`` torch CSR over tensors of one device (no copy)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
 
 
 @dataclass(frozen=True)
@@ -63,10 +74,13 @@ class CsrGraph:
         indptr, indices: ``int64 [num_rows + 1]``, ``int64 [nnz]``: CSR of in-edges, self loops included.
         gcn_weights: ``float32 [nnz]``, the ``A_hat`` entries.
         num_cols: columns (source rows); ``row_ids``/``col_ids``: their global vertex ids.
+        device: where :meth:`matrix`, :meth:`transpose` and :meth:`tensor` put their tensors
+            (default: the CPU, where they share memory with the numpy arrays).
     """
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, gcn_weights: np.ndarray, num_cols: int,
-                 row_ids: np.ndarray, col_ids: np.ndarray):
+                 row_ids: np.ndarray, col_ids: np.ndarray, device: torch.device | str | None = None):
+        self.device = torch.device(device or "cpu")
         self.indptr, self.indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int64)
         self.num_rows, self.num_cols = len(self.indptr) - 1, int(num_cols)
         self.row_ids, self.col_ids = np.asarray(row_ids, np.int64), np.asarray(col_ids, np.int64)
@@ -75,6 +89,7 @@ class CsrGraph:
         self._edges: dict[tuple[int, int], Edges] = {}
         self._row_of: np.ndarray | None = None
         self._source_order: tuple[np.ndarray, np.ndarray] | None = None
+        self._tensors: dict[tuple, torch.Tensor] = {}
 
     @property
     def nnz(self) -> int:
@@ -104,8 +119,8 @@ class CsrGraph:
         key = (kind, a, b)
         if key not in self._matrices:
             lo, hi = self.indptr[a], self.indptr[b]
-            self._matrices[key] = csr_tensor(self.indptr[a:b + 1] - lo, self.indices[lo:hi],
-                                             self.values(kind)[lo:hi], (b - a, self.num_cols))
+            self._matrices[key] = self._placed(csr_tensor(self.indptr[a:b + 1] - lo, self.indices[lo:hi],
+                                                          self.values(kind)[lo:hi], (b - a, self.num_cols)))
         return self._matrices[key]
 
     def transpose(self, kind: str) -> torch.Tensor:
@@ -115,8 +130,18 @@ class CsrGraph:
             coo = torch.sparse_coo_tensor(torch.from_numpy(np.stack([self.indices, self.row_of()])),
                                           torch.from_numpy(self.values(kind)), (self.num_cols, self.num_rows),
                                           check_invariants=False)
-            self._matrices[key] = coo.coalesce().to_sparse_csr()
+            self._matrices[key] = self._placed(coo.coalesce().to_sparse_csr())
         return self._matrices[key]
+
+    def tensor(self, key: tuple, array: np.ndarray) -> torch.Tensor:
+        """``array`` (derived from the structure, named by ``key``) as a tensor on the graph's
+        device, made once: index tensors of the edge work."""
+        if key not in self._tensors:
+            self._tensors[key] = self._placed(torch.from_numpy(np.ascontiguousarray(array)))
+        return self._tensors[key]
+
+    def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
 
     def aggregate(self, kind: str, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
         """``M[rows, :] · x`` for ``x`` ``[num_cols, width]``: ``float32 [rows, width]``."""

@@ -2,6 +2,10 @@
 input dropout and activation of a layer (forward and backward), and the softmax cross-entropy
 over the global training set. Ships in the Lambda bundle, like the model modules.
 
+A model's ``compute`` is written once over an ``ops`` module: this one (numpy: functions, the
+``cpu`` backend) or its torch twin :mod:`dorylus.models.torch_ops` (the ``gpu`` backend's
+device), which has the same functions.
+
 Layer 0's input rows may be :class:`~dorylus.models.sparse.SparseRows` (sparse features):
 :func:`prepare` then drops out the stored non-zeros only and returns ``SparseRows``, which the
 models use through ``h @ W`` and ``h.T @ G`` like dense rows; :func:`as_float32`,
@@ -155,6 +159,14 @@ def check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.n
     if any(want is not None and got != want for got, want in zip(x.shape, shape)):
         raise ValueError(f"{name} has shape {x.shape}, expected {tuple('any' if d is None else d for d in shape)}")
     return x
+
+
+def concat(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    return np.concatenate(parts, axis=axis)
+
+
+def vstack(parts: list[np.ndarray]) -> np.ndarray:
+    return np.vstack(parts)
 
 
 def as_float32(x: np.ndarray, name: str) -> np.ndarray:

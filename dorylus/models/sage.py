@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage
-from dorylus.models.ops import as_float32, check_shape, loss_stage, prepare, prepare_backward
+from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot
 
 
@@ -64,38 +64,41 @@ def init_weight(layer: LayerSpec, rng: np.random.Generator) -> np.ndarray:
     return np.vstack([glorot(rng, layer.in_dim, layer.out_dim), glorot(rng, layer.in_dim, layer.out_dim)])
 
 
-def _halves(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    w = as_float32(w, "w")
+def _halves(w, ops=numpy_ops):
+    w = ops.as_float32(w, "w")
     if w.shape[0] % 2:
-        raise ValueError(f"sage weights must be [2 in, out] ([W_self; W_neigh]), got shape {w.shape}")
+        raise ValueError(f"sage weights must be [2 in, out] ([W_self; W_neigh]), got shape {tuple(w.shape)}")
     half = w.shape[0] // 2
     return w[:half], w[half:]
 
 
-def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any]) -> Result:
-    """The tensor work of one stage on one interval (see the module docstring; ``args`` as in
-    :func:`dorylus.models.gcn.compute`)."""
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any],
+            ops=numpy_ops) -> Result:
+    """The tensor work of one stage on one interval (see the module docstring; ``args`` and
+    ``ops`` as in :func:`dorylus.models.gcn.compute`)."""
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
     act = args.get("act_in")
     if task == "AV":
         src, ids = rows
-        w_self, w_neigh = _halves(w)
-        h = check_shape(prepare(src, ids, key, p, act, training), "src", (None, w_self.shape[0]))
+        w_self, w_neigh = _halves(w, ops)
+        h = ops.check_shape(ops.prepare(src, ids, key, p, act, training), "src", (None, w_self.shape[0]))
         return Result([h @ w_neigh, h @ w_self])
     if task == "SUM":
         gathered, own = rows
-        return Result([as_float32(gathered, "G") + check_shape(own, "S", np.shape(gathered))])
+        gathered = ops.as_float32(gathered, "G")
+        return Result([gathered + ops.check_shape(own, "S", tuple(gathered.shape))])
     if task == "LOSS":
-        return loss_stage(list(rows), args)
+        return ops.loss_stage(list(rows), args)
     if task == "AV_BWD":
         grad_p, grad_y, src, ids = rows
-        w_self, w_neigh = _halves(w)
-        h = check_shape(prepare(src, ids, key, p, act, True), "src", (None, w_self.shape[0]))
-        grad_p = check_shape(grad_p, "dP", (h.shape[0], w_self.shape[1]))
-        grad_y = check_shape(grad_y, "dY", (h.shape[0], w_self.shape[1]))
-        grad_w = np.vstack([h.T @ grad_y, h.T @ grad_p])
-        out = [prepare_backward(grad_y @ w_self.T + grad_p @ w_neigh.T, src, ids, key, p, act)] if layer > 0 else []
+        w_self, w_neigh = _halves(w, ops)
+        h = ops.check_shape(ops.prepare(src, ids, key, p, act, True), "src", (None, w_self.shape[0]))
+        grad_p = ops.check_shape(grad_p, "dP", (h.shape[0], w_self.shape[1]))
+        grad_y = ops.check_shape(grad_y, "dY", (h.shape[0], w_self.shape[1]))
+        grad_w = ops.vstack([h.T @ grad_y, h.T @ grad_p])
+        out = ([ops.prepare_backward(grad_y @ w_self.T + grad_p @ w_neigh.T, src, ids, key, p, act)]
+               if layer > 0 else [])
         return Result(out, grad_w=grad_w)
     raise ValueError(f"sage has no task {task!r}")
 
@@ -109,6 +112,16 @@ def gather(task: str, layer: int, graph, rows: tuple[int, int], inputs: Sequence
 def gather_backward(task: str, layer: int, graph, inputs: Sequence[np.ndarray], args: dict[str, Any]) -> list[np.ndarray]:
     """GA_BWD: ``M^T · dY`` over the local rows."""
     return [graph.aggregate_transpose("mean", inputs[0])]
+
+
+def gather_torch(task: str, layer: int, graph, rows: tuple[int, int], inputs, args: dict[str, Any]) -> list:
+    """:func:`gather` on torch tensors on ``graph``'s device."""
+    return [graph.matrix("mean", rows) @ inputs[0]]
+
+
+def gather_backward_torch(task: str, layer: int, graph, inputs, args: dict[str, Any]) -> list:
+    """:func:`gather_backward` on torch tensors on ``graph``'s device."""
+    return [graph.transpose("mean") @ inputs[0]]
 
 
 def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):

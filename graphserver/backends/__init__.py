@@ -1,4 +1,7 @@
-"""Where a graph server's FUNCTION stages run (DESIGN §7): one module per backend.
+"""Where a graph server's FUNCTION stages run and where its rows live (DESIGN §7): one module
+per backend. :func:`make_state` gives the partition state a backend computes on (host numpy;
+the ``gpu`` backend's on a torch device, Gather and vertex stages included), and
+:func:`make_backend` the backend.
 
 A backend runs one stage on one interval: ``await backend.run(event, priority)`` returns once the
 stage's result has been accepted by the graph server (``GraphServer.accept_result``) and its
@@ -29,15 +32,32 @@ class Backend:
         self.limiter.capacity = value
 
 
+def make_state(config, part, plan, *, parts: int):
+    """The partition state of a graph server of ``config.backend`` (one of ``parts`` servers)."""
+    if config.backend == "gpu":
+        from graphserver.backends.gpu import DeviceState, open_device
+
+        return DeviceState(part, plan, device=open_device(config, parts),
+                           row_normalize_features=config.row_normalize_features, num_intervals=config.intervals)
+    from graphserver.state import PartitionState
+
+    return PartitionState(part, plan, row_normalize_features=config.row_normalize_features,
+                          num_intervals=config.intervals, sparse_features=config.sparse_features)
+
+
 def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: str | None, function_name: str,
                  region: str | None = None):
     if name == "cpu":
         from graphserver.backends.cpu import CpuBackend
 
         return CpuBackend(server, concurrency=concurrency)
+    if name == "gpu":
+        from graphserver.backends.gpu import GpuBackend
+
+        return GpuBackend(server, concurrency=concurrency)
     if name == "lambda":
         from graphserver.backends.serverless import LambdaBackend
 
         return LambdaBackend(server.config, concurrency=concurrency, endpoint_url=lambda_endpoint,
                              function_name=function_name, region=region)
-    raise ValueError(f"unknown backend {name!r}; known: cpu, lambda")
+    raise ValueError(f"unknown backend {name!r}; known: cpu, gpu, lambda")

@@ -1,6 +1,8 @@
 """The ``cpu`` backend: the model's ``compute`` runs in the graph server process, on its own
 rows, with no invoke and no tensor hop; weights still come from (and gradients go to) the
-parameter server, so versions and stashing behave as with functions."""
+parameter server, so versions and stashing behave as with functions. The ``gpu`` backend makes
+the same calls on a state whose rows live on a torch device (:mod:`graphserver.backends.gpu`):
+``state.compute`` decides which twin of the model's functions runs."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ class CpuBackend(Backend):
                         "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
             model = get_model(event["model"])
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, model.compute, event["task"], layer, rows, w, event["args"])
+                self.executor, server.state.compute, model, event["task"], layer, rows, w, event["args"])
             if event["grad"] and result.grad_w is not None:
                 await server.ps.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval,
                                                part=server.part_id, version=meta["version"]), [result.grad_w],

@@ -30,6 +30,8 @@ def _dataset(name, request):
 
 
 def _run(tmp_path, dataset, backend, **options):
+    if backend == "gpu":  # the gpu backend on torch's CPU device unless a test names one (CI has no GPU)
+        options.setdefault("device", "cpu")
     config = TrainConfig(dataset=dataset.name, backend=backend, epochs=EPOCHS, run_dir=str(tmp_path / backend),
                          **options)
     run_training(config, dataset, progress=io.StringIO())
@@ -75,9 +77,13 @@ CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite ca
     ("synthetic-small", "default", "pipe", "lambda", 4, 1),
     ("cora", "gat", "pipe", "lambda", 2, 2),
     ("cora", "sage", "sync", "cpu", 2, 2),
+    ("synthetic-small", "default", "sync", "gpu", 1, 2),
+    ("cora", "default", "pipe", "gpu", 2, 2),
+    ("cora", "gat", "sync", "gpu", 2, 1),
+    ("cora", "sage", "pipe", "gpu", 2, 2),
 ]
 SLOW_CASES = [(d, s, m, b, p, i) for s in ("default", "gat", "sage") for d in ("cora", "synthetic-small")
-              for m in ("sync", "pipe") for b in ("cpu", "lambda") for p in (1, 2, 4) for i in (1, 4)
+              for m in ("sync", "pipe") for b in ("cpu", "lambda", "gpu") for p in (1, 2, 4) for i in (1, 4)
               if (d, s, m, b, p, i) not in CASES]
 
 

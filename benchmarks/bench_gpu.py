@@ -1,0 +1,200 @@
+"""The gpu backend against PyTorch Geometric on the same device: epoch time and peak memory.
+
+Three measurements of a 2-layer GCN (``--hidden``, dropout 0.5, Adam) on one dataset:
+
+* ``gpu 1 part``: ``dorylus train --backend gpu --parts 1 --intervals 1 --mode sync`` on
+  ``--device``: one graph server holds the whole graph on the device and runs Gather, Scatter and
+  the vertex functions there (the parameter server and the coordinator are processes beside it).
+* ``PyG GCNConv``: ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``, dense features, in
+  this process on the same device (the fastest PyG setup the issue measured).
+* ``gpu N parts``: ``--parts N`` (default 4) graph servers sharing the one device, each under
+  the default memory budget (1/N of the device).
+
+What an epoch is. For both: forward with dropout, loss, backward, optimizer step; no evaluation
+pass (the distributed runs evaluate only in their last epoch, which is not timed). Dorylus's
+``epoch_s`` is the coordinator's wall time per epoch (it includes the weight pull and push through
+the parameter server); PyG's is the step's wall time with the device synchronized. The first
+``--warmup`` epochs are dropped; the median of the rest is reported.
+
+Peak memory. CUDA only: PyG's is ``torch.cuda.max_memory_allocated`` in this process; the graph
+servers print theirs (allocated and reserved by torch's caching allocator) into their logs when
+they stop. On ``--device cpu`` no memory is reported.
+
+    python benchmarks/bench_gpu.py                                   # synthetic-reddit on cuda
+    python benchmarks/bench_gpu.py --device cpu --dataset synthetic-small --epochs 5 --warmup 1
+
+Without CUDA, ``--device cuda`` prints why and exits 0 (nothing measured, nothing written).
+Prints a table and writes ``benchmarks/results/gpu-<dataset>-<device type>.json`` (``--output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dorylus.config import TrainConfig
+from dorylus.data.loaders import load_dataset
+from dorylus.errors import DorylusError
+from dorylus.normalize import gcn_normalize, row_normalize
+from dorylus.runs import read_metrics
+from dorylus.training import run_training
+from common import machine_info, positive_int, write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEAK = re.compile(r"gpu backend: peak memory allocated (\d+) bytes, reserved (\d+) bytes")
+
+
+def time_dorylus(dataset, base: TrainConfig, parts: int, workdir: Path, warmup: int) -> dict[str, Any]:
+    run_dir = workdir / f"gpu-{parts}"
+    start = time.monotonic()
+    config = TrainConfig(**{**base.to_dict(), "parts": parts, "run_dir": str(run_dir)})
+    run_training(config, dataset, progress=io.StringIO())
+    total_s = time.monotonic() - start
+    epochs = [m["epoch_s"] for m in read_metrics(run_dir)][warmup:-1]  # the last epoch also evaluates
+    peaks = [PEAK.search((run_dir / "logs" / f"graphserver-{i}.log").read_text()) for i in range(parts)]
+    return {"what": f"gpu {parts} part{'s' if parts > 1 else ''}", "parts": parts,
+            "epoch_s_median": statistics.median(epochs), "epoch_s": epochs,
+            "overhead_s": total_s - sum(m["epoch_s"] for m in read_metrics(run_dir)),
+            "peak_allocated_bytes": [int(p.group(1)) for p in peaks if p] or None,
+            "peak_reserved_bytes": [int(p.group(2)) for p in peaks if p] or None}
+
+
+def time_pyg(dataset, config: TrainConfig, device: torch.device, warmup: int, epochs: int) -> dict[str, Any]:
+    from torch_geometric.nn import GCNConv
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    adj = gcn_normalize(dataset.src, dataset.dst, dataset.num_nodes, symmetrize=not dataset.directed)
+    rows, cols = adj.rows(), adj.indices
+    off_diagonal = rows != cols  # GCNConv adds the self loops itself
+    index = torch.from_numpy(np.stack([rows[off_diagonal], cols[off_diagonal]]))
+    with warnings.catch_warnings():  # torch's notes that CSR is beta and unchecked: known, and beside the point
+        warnings.filterwarnings("ignore", message="Sparse (CSR tensor support|invariant checks)")
+        adj_t = to_torch_csr_tensor(index, size=(dataset.num_nodes, dataset.num_nodes)).to(device)
+    features = dataset.features.toarray() if hasattr(dataset.features, "toarray") else dataset.features
+    x = torch.from_numpy(np.ascontiguousarray(row_normalize(np.asarray(features, np.float32)))).to(device)
+    labels = torch.from_numpy(dataset.labels).to(device)
+    train_mask = torch.from_numpy(dataset.train_mask).to(device)
+    convs = torch.nn.ModuleList([GCNConv(dataset.num_features, config.hidden, cached=True),
+                                 GCNConv(config.hidden, dataset.num_classes, cached=True)]).to(device)
+    optimizer = torch.optim.Adam([{"params": convs[0].parameters(), "weight_decay": config.weight_decay},
+                                  {"params": convs[1].parameters(), "weight_decay": 0.0}], lr=config.lr)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(warmup + epochs):
+        synchronize()
+        start = time.perf_counter()
+        h = torch.relu(convs[0](F.dropout(x, config.input_dropout, training=True), adj_t))
+        logits = convs[1](F.dropout(h, config.dropout, training=True), adj_t)
+        loss = F.cross_entropy(logits[train_mask], labels[train_mask])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"what": "PyG GCNConv(cached) on CSR adj_t", "parts": 1, "epoch_s_median": statistics.median(times[warmup:]),
+            "epoch_s": times[warmup:], "overhead_s": None, "peak_allocated_bytes": None if peak is None else [peak],
+            "peak_reserved_bytes": None}
+
+
+def _gib(values: list[int] | None) -> str:
+    return "-" if not values else " / ".join(f"{v / 2**30:.2f}" for v in values)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="synthetic-reddit", help="dataset spec (default: synthetic-reddit)")
+    parser.add_argument("--device", default="cuda", help="torch device: cuda, cuda:N or cpu (default: cuda)")
+    parser.add_argument("--hidden", type=positive_int, default=128, help="hidden width (default: 128)")
+    parser.add_argument("--shared-parts", type=positive_int, default=4,
+                        help="graph servers sharing the device in the last measurement (default: 4)")
+    parser.add_argument("--epochs", type=positive_int, default=20, help="timed epochs (default: 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="epochs run first and dropped (default: 3)")
+    parser.add_argument("--allow-tf32", action="store_true", help="let both sides use TF32 (default: off)")
+    parser.add_argument("--workdir", default=None, help="parent of the temp run dirs (default: system temp dir)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON result path (default: benchmarks/results/gpu-<dataset>-<device type>.json)")
+    args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    base = TrainConfig(dataset=args.dataset, backend="gpu", device=args.device, allow_tf32=args.allow_tf32,
+                       intervals=1, mode="sync", hidden=args.hidden, epochs=args.warmup + args.epochs + 1,
+                       eval_every=args.warmup + args.epochs + 1)
+    try:
+        base.check_device()
+    except DorylusError as exc:
+        print(f"bench_gpu: skipped, nothing measured: {exc}")
+        return None
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.allow_tf32
+    name = Path(args.dataset).stem
+    output = args.output or RESULTS / f"gpu-{name}-{device.type}.json"
+    load_before = os.getloadavg()
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "torch CPU device"
+    print(f"gpu benchmark: {args.dataset} on {args.device} ({gpu_name}), 2-layer GCN hidden {args.hidden}, "
+          f"{args.warmup} warm-up + {args.epochs} timed epochs, TF32 {'on' if args.allow_tf32 else 'off'}; "
+          f"torch {torch.__version__}", flush=True)
+    dataset = load_dataset(args.dataset)
+    print(f"  {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, "
+          f"{dataset.num_features} features, {dataset.num_classes} classes", flush=True)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir=args.workdir) as workdir:
+        for measure in (lambda: time_dorylus(dataset, base, 1, Path(workdir), args.warmup),
+                        lambda: time_pyg(dataset, base, device, args.warmup, args.epochs),
+                        lambda: time_dorylus(dataset, base, args.shared_parts, Path(workdir), args.warmup)):
+            row = measure()
+            rows.append(row)
+            print(f"  {row['what']}: {row['epoch_s_median'] * 1000:.1f} ms/epoch (median)", flush=True)
+    load_after = os.getloadavg()
+    pyg = rows[1]["epoch_s_median"]
+
+    print()
+    print(f"{dataset.name} on {args.device} ({gpu_name}); median of {args.epochs} epochs after {args.warmup} warm-up; "
+          "no evaluation pass in the timed epochs.")
+    print(f"{'what':<36} {'ms/epoch':>10} {'vs PyG':>8} {'peak allocated GiB':>22} {'peak reserved GiB':>22}")
+    for row in rows:
+        print(f"{row['what']:<36} {row['epoch_s_median'] * 1000:>10.1f} {row['epoch_s_median'] / pyg:>7.2f}x "
+              f"{_gib(row['peak_allocated_bytes']):>22} {_gib(row['peak_reserved_bytes']):>22}")
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} cpus)")
+
+    result = {
+        "benchmark": "gpu", "dataset": args.dataset, "dataset_name": dataset.name, "num_nodes": dataset.num_nodes,
+        "num_edges": dataset.num_edges, "num_features": dataset.num_features, "num_classes": dataset.num_classes,
+        "device": args.device, "device_name": gpu_name, "allow_tf32": args.allow_tf32,
+        "warmup_epochs": args.warmup, "timed_epochs": args.epochs,
+        "timed": "training step (dropout forward, loss, backward, Adam) per epoch, no evaluation pass; Dorylus: "
+                 "coordinator wall time per epoch; PyG: synchronized wall time of the step",
+        "config": base.to_dict(), "rows": rows,
+        "machine": machine_info(load_before, load_after),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(result, output)
+    print(f"wrote {output}")
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except DorylusError as e:
+        sys.exit(f"bench_gpu: {e}")
