@@ -152,8 +152,24 @@ def load_checkpoint(run_dir: str | Path) -> tuple[dict[str, Any], Checkpoint]:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    with open(Path(path) / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The epochs logged in ``path/metrics.jsonl``, in order. Text after the last newline is a
+    line still being written (the run is live) or cut off by a kill: it is left out, and a
+    resume overwrites it. A complete line that is not a JSON object is a ConfigError naming the
+    file and line."""
+    file = Path(path) / "metrics.jsonl"
+    *complete, _partial = file.read_text().split("\n")
+    metrics = []
+    for number, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{file}, line {number}: not a JSON object ({exc.msg})") from None
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{file}, line {number}: not a JSON object")
+        metrics.append(entry)
+    return metrics
 
 
 class EpochProgress:
