@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,3 +287,18 @@ def check_allowed(server: str, sender: str | None, op: str, command: str | None 
     if commands and _ANY_COMMAND not in commands and command not in commands:
         return f"{sender} may not send command {command!r:.40} to the {server}"
     return None
+
+
+def authorize(server: str, who: str, keyed: bool, identity: bytes, header, frame: zmq.Frame) -> None:
+    """Raise ProtocolError ``forbidden`` if the sender of ``frame`` (its CURVE key's role; any
+    sender when the server is not ``keyed``) may not send ``header`` to a ``server``; print every
+    SHUTDOWN with its sender to stderr, ``who`` naming this server."""
+    from dorylus.protocol import Op, ProtocolError
+
+    role = sender_role(frame) if keyed else None
+    why = check_allowed(server, role, header.op.value, header.meta.get("command"))
+    if header.op is Op.SHUTDOWN:
+        print(f"{who}: SHUTDOWN from {role or 'a client without CURVE'} (identity {identity.hex()}, address "
+              f"{peer_address(frame)}): {'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
+    if why is not None:
+        raise ProtocolError("forbidden", why, req=header.req)

@@ -191,7 +191,6 @@ class ParameterServer:
         # version -> (weights, optimizer arrays) right after that step, for get_state {version}
         self._states: dict[int, tuple[list[np.ndarray], dict[str, np.ndarray]]] = {}
         self._deferred: list[tuple[bytes, Header]] = []  # wait_version / get_state for a future version
-        self._identity = b""
         self._bounds = Bounds(num_layers=self.num_layers)
         self.counters = ProtocolCounters()
         self._stats: Counter[str] = Counter()
@@ -284,14 +283,13 @@ class ParameterServer:
         identity = frames[0].bytes
         self._stats["bytes_in"] += sum(f.buffer.nbytes for f in frames[1:])
         header: Header | None = None
-        self._identity = identity
         try:
             header, tensors = decode(frames[1:], self._bounds, check_finite=True)
             handler = self._handlers.get(header.op)
             if handler is None:
                 raise ProtocolError("unknown_op", f"the parameter server does not handle {header.op.value}",
                                     req=header.req)
-            self._authorize(header, frames[1])
+            curve.authorize("paramserver", "paramserver", self.keys is not None, identity, header, frames[1])
             answer = handler(header, tensors)
             if answer is None:  # deferred: answered when the version it waits for exists
                 self._deferred.append((identity, header))
@@ -311,17 +309,6 @@ class ParameterServer:
             self.counters.count(ProtocolError("internal", exc.message))
             payload = encode(error_reply(header, exc))
         self._send(identity, payload)
-
-    def _authorize(self, header: Header, frame: zmq.Frame) -> None:
-        """Refuse what the sender's role may not send (CURVE); log every SHUTDOWN with its sender."""
-        role = curve.sender_role(frame) if self.keys is not None else None
-        why = curve.check_allowed("paramserver", role, header.op.value, header.meta.get("command"))
-        if header.op is Op.SHUTDOWN:
-            print(f"paramserver: SHUTDOWN from {role or 'a client without CURVE'} (identity "
-                  f"{self._identity.hex()}, address {curve.peer_address(frame)}): "
-                  f"{'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
-        if why is not None:
-            raise ProtocolError("forbidden", why, req=header.req)
 
     def _send(self, identity: bytes, payload: list) -> None:
         self._stats["bytes_out"] += sum(memoryview(f).nbytes for f in payload)

@@ -218,24 +218,14 @@ class GraphServer:
             header = None
             try:
                 header, tensors = protocol.decode(frames[1:], check_finite=True)
-                self._authorize(identity, header, frames[1])
+                curve.authorize("graphserver", f"graph server {self.part_id}", self.keys is not None, identity, header,
+                                frames[1])
                 await self._dispatch(identity, header, tensors)
             except (ProtocolError, TaskFailed, ValueError, KeyError) as exc:
                 if isinstance(exc, ProtocolError):
                     self.rejected.count(exc)
                 if header is None or header.op in protocol.REQUESTS:
                     await self._reply(identity, protocol.error_reply(header, exc))
-
-    def _authorize(self, identity: bytes, header: Header, frame: zmq.Frame) -> None:
-        """Refuse what the sender's role may not send (CURVE); log every SHUTDOWN with its sender."""
-        role = curve.sender_role(frame) if self.keys is not None else None
-        why = curve.check_allowed("graphserver", role, header.op.value, header.meta.get("command"))
-        if header.op is Op.SHUTDOWN:
-            print(f"graph server {self.part_id}: SHUTDOWN from {role or 'a client without CURVE'} (identity "
-                  f"{identity.hex()}, address {curve.peer_address(frame)}): "
-                  f"{'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
-        if why is not None:
-            raise ProtocolError("forbidden", why, req=header.req)
 
     def current_epoch(self) -> int:
         """The oldest epoch this server has not finished: the base of the epoch window."""
