@@ -78,9 +78,7 @@ CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite ca
     ("cora", "gat", "pipe", "lambda", 2, 2),
     ("cora", "sage", "sync", "cpu", 2, 2),
     ("synthetic-small", "default", "sync", "gpu", 1, 2),
-    ("cora", "default", "pipe", "gpu", 2, 2),
     ("cora", "gat", "sync", "gpu", 2, 1),
-    ("cora", "sage", "pipe", "gpu", 2, 2),
 ]
 SLOW_CASES = [(d, s, m, b, p, i) for s in ("default", "gat", "sage") for d in ("cora", "synthetic-small")
               for m in ("sync", "pipe") for b in ("cpu", "lambda", "gpu") for p in (1, 2, 4) for i in (1, 4)
