@@ -177,7 +177,7 @@ class Scheduler:
         server, state = self.server, self.server.state
         for name in stage.reads:
             await server.send_ghosts("SC", pass_, epoch, stage.layer, name,
-                                     {j: state.rows_for_peer(name, j) for j in server.peers})
+                                     await state.rows_for_peers(name, server.peers))
         for name in stage.reads:
             received = await self._receive("SC", pass_, epoch, stage.layer, name)
             for j, rows in received.items():
@@ -188,7 +188,7 @@ class Scheduler:
         local = await server.run_in_thread(server.run_gather_backward, stage, pass_, epoch)
         for name, contribution in zip(stage.writes, local):
             await server.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
-                                     {j: state.contribution_for_peer(contribution, j) for j in server.peers})
+                                     await state.contributions_for_peers(contribution, server.peers))
         for name, contribution in zip(stage.writes, local):
             state.set_owned_rows(name, contribution)
             received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name)

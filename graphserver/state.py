@@ -106,17 +106,17 @@ class PartitionState:
 
     # ------------------------------------------------------------------ ghost exchange (numpy rows)
 
-    def rows_for_peer(self, name: str, peer: int) -> np.ndarray:
-        """Our owned rows of ``name`` that ``peer`` holds as ghosts, in its order."""
-        return self.buffers[name][self.part.send_rows(peer)]
+    async def rows_for_peers(self, name: str, peers) -> dict[int, np.ndarray]:
+        """Per peer, our owned rows of ``name`` that it holds as ghosts, in its order."""
+        return {peer: self.buffers[name][self.part.send_rows(peer)] for peer in peers}
 
     def set_ghost_rows(self, name: str, peer: int, rows: np.ndarray) -> None:
         """``peer``'s rows of ``name`` into our ghost rows of it."""
         self.buffers[name][self.part.ghost_rows(peer)] = rows
 
-    def contribution_for_peer(self, contribution, peer: int) -> np.ndarray:
-        """The rows of a :meth:`gather_backward` result that belong to ``peer``'s vertices."""
-        return contribution[self.part.ghost_rows(peer)]
+    async def contributions_for_peers(self, contribution, peers) -> dict[int, np.ndarray]:
+        """Per peer, the rows of a :meth:`gather_backward` result that belong to its vertices."""
+        return {peer: contribution[self.part.ghost_rows(peer)] for peer in peers}
 
     def set_owned_rows(self, name: str, contribution) -> None:
         """Buffer ``name`` := the owned rows of a :meth:`gather_backward` result."""

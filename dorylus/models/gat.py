@@ -160,9 +160,16 @@ class _Attention:
         p = float(args.get("attention_dropout", 0.0))
         self.keep_scale = None
         if args["training"] and p > 0.0:
-            keep = keep_edge_mask(int(args["seed"]), int(args["epoch"]), layer, edges.dst_ids, edges.src_ids, heads, p)
-            keep_scale = torch.from_numpy(keep.astype(np.float32) * np.float32(1.0 / (1.0 - p)))
-            self.keep_scale = keep_scale if device.type == "cpu" else keep_scale.to(device)
+            key, scale = (int(args["seed"]), int(args["epoch"]), layer), np.float32(1.0 / (1.0 - p))
+            if device.type == "cpu":
+                keep = keep_edge_mask(*key, edges.dst_ids, edges.src_ids, heads, p)
+                self.keep_scale = torch.from_numpy(keep.astype(np.float32) * scale)
+            else:  # hashed where the edges are: no [nnz, K] mask crosses the bus each Gather
+                from dorylus.models.torch_ops import keep_edge_mask as keep_edge_mask_torch
+
+                keep = keep_edge_mask_torch(key, graph.tensor(("dst_ids", rows), edges.dst_ids),
+                                            graph.tensor(("src_ids", rows), edges.src_ids), heads, p)
+                self.keep_scale = keep.to(torch.float32) * float(scale)
         self.weights = self.alpha if self.keep_scale is None else self.alpha * self.keep_scale
 
     def head(self, k: int):

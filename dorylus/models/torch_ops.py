@@ -59,6 +59,23 @@ def keep_mask(key: tuple[int, int, int], ids: torch.Tensor, width: int, p: float
     return lanes.reshape(len(ids), 4 * blocks)[:, :width] >= int(masks._threshold(p))
 
 
+def keep_edge_mask(key: tuple[int, int, int], dst_ids: torch.Tensor, src_ids: torch.Tensor, width: int,
+                   p: float) -> torch.Tensor:
+    """``bool [nnz, width]`` on the ids' device, equal to
+    ``dorylus.masks.keep_edge_mask(*key, dst_ids, src_ids, width, p)`` (GAT's attention dropout)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if dst_ids.shape != src_ids.shape or dst_ids.dim() != 1:
+        raise ValueError(f"dst_ids and src_ids must be 1-D of one length, got {tuple(dst_ids.shape)} and "
+                         f"{tuple(src_ids.shape)}")
+    blocks = -(-width // 4)
+    stream = _signed(masks._stream_key(*key) ^ masks._EDGE_STREAM)
+    edge = _mix64(dst_ids.to(torch.int64) * _GOLDEN + stream) ^ (src_ids.to(torch.int64) * _M2)
+    bits = _mix64(edge[:, None] + torch.arange(blocks, device=dst_ids.device)[None, :] * _GOLDEN)
+    lanes = torch.stack([(bits >> (16 * lane)) & 0xFFFF for lane in range(4)], dim=2)
+    return lanes.reshape(len(dst_ids), 4 * blocks)[:, :width] >= int(masks._threshold(p))
+
+
 def _dropout(x: torch.Tensor, ids: torch.Tensor, key: tuple[int, int, int], p: float) -> torch.Tensor:
     return torch.where(keep_mask(key, ids, x.shape[1], p), x * (1.0 / (1.0 - p)), 0.0)
 

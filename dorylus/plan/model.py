@@ -16,7 +16,7 @@ GATHER_BACKWARD     the same (the transpose has the same entries; contributions 
 VERTEX              ``work(n) / server``
 FUNCTION, cpu/gpu   ``work(n) / server + waves * k' * rtt`` (``k'``: weights pulled, gradient pushed)
 FUNCTION, lambda    ``max(waves * call, I * bytes(r) / server_link)`` with
-                    ``call = invoke + call_s + k * rtt + bytes(r) / call_link + work(r) / function``
+                    ``call = invoke + call_s + 2 rtt + bytes(r) / call_link + work(r) / function``
 ==================  ===========================================================================
 
 plus ``stage_s``, the runtime's own cost of a stage. ``gather(size)`` is the Gather rate at a
@@ -24,9 +24,8 @@ dense operand of that many bytes (sparse products slow down out of the caches). 
 counts multiply-adds (``rows * in * out`` per product: forward, ``dW``, ``dX``), dropout
 elements (``rows * in`` where a task regenerates a layer's dropout mask: its forward while
 training, and again in its backward), other element-wise work (an activation without dropout)
-and logits through softmax cross-entropy, each at its rate. ``k`` counts a call's request/reply
-exchanges (rows pulled, weights pulled, gradient pushed, results pushed), ``bytes(r)`` its input
-and output rows (static inputs too, but for the ``static_cached`` share of calls whose warm
+and logits through softmax cross-entropy, each at its rate. A call waits for ``2 rtt``: its pulls
+go out together, then its pushes together. ``bytes(r)`` counts its input and output rows (static inputs too, but for the ``static_cached`` share of calls whose warm
 container served the same interval before: the handler keeps them, yet a call lands on any
 idle container, and local runs show few hits) and its weights and gradient; ``waves = ceil(I /
 c)``. Gather runs at the
@@ -64,6 +63,9 @@ from dorylus.plan.calibration import Rates
 
 FLOAT = 4                  # bytes of a float32
 ADAM_PASSES = 12           # element-wise passes of one Adam step over the weights (moments, update, decay)
+# A call waits for two round trips: its pulls (rows, and weights from the parameter server) go
+# out together, then its pushes (results, and the gradient) together (lambdas.handler).
+CALL_ROUND_TRIPS = 2
 POLL_S = 0.005             # the coordinator polls the graph servers' progress this often (half on average)
 STATIC_ROW_BYTES = {"ids": 8, "labels": 8, "split": 1}  # int64, int64, uint8; "X" is features x float32
 STATIC_ROWS = frozenset(("X", *STATIC_ROW_BYTES))  # a partition's own inputs (dorylus.models.base.STATIC)
@@ -233,12 +235,6 @@ def task_work(stage, layer, rows: float, training: bool) -> Work:
     raise ConfigError(f"plan: no cost formula for the GCN task {task!r}")
 
 
-def exchanges(stage, training: bool) -> int:
-    """Request/reply exchanges of one function call of ``stage``: rows pulled, weights pulled,
-    gradient pushed, results pushed."""
-    return 1 + (1 if stage.weights else 0) + (1 if stage.grad and training else 0) + 1
-
-
 def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
     """Bytes of one row of buffer or static input ``name``."""
     if name == "X":
@@ -342,7 +338,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             elif setup.backend == "lambda":
                 work = task_work(stage, layer, rows, training)
                 moved = call_bytes(stage, layer, plan.widths, shape.features, rows, training, setup.static_cached)
-                call = (env.invoke_s + env.call_s + exchanges(stage, training) * env.round_trip_s
+                call = (env.invoke_s + env.call_s + CALL_ROUND_TRIPS * env.round_trip_s
                         + moved / env.call_link + work.seconds(env.function))
                 seconds = max(waves * call, I * moved / env.server_link)
                 calls += I * shape.parts

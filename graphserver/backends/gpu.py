@@ -17,10 +17,12 @@ dense ``float32 [n_owned, F]``, ``ids``, ``labels``, ``split``), every row buffe
   backend's (:class:`GpuBackend` is :class:`graphserver.backends.cpu.CpuBackend` on this
   state), and on CUDA the server's log gets the device's peak memory when it stops.
 
-Ghost exchange stays ZeroMQ between graph servers: rows to send are gathered on the device and
-copied into pinned host memory (on CUDA) that the message frames then read; received rows are
-copied to the device's ghost rows. All of a server's device work is queued on one stream (the
-device's default one), so stages that follow each other in the scheduler run in that order.
+Ghost exchange stays ZeroMQ between graph servers. A server's stages run on one compute stream
+(the device's default one), in the order the scheduler issues them. On CUDA, ghost rows cross
+the bus on a second, copy stream: rows to send are snapshotted on the compute stream and copied
+into pinned host memory on the copy stream while the server goes on queueing other intervals'
+work (the scatter awaits the copy, not the device); received rows are staged in pinned memory
+and copied on the copy stream, and the compute stream waits for that copy only, never the host.
 
 Sync and pipe stay exact (equal to the reference within float32 rounding): TF32 is off unless
 ``allow_tf32``. Several graph servers may share one CUDA device, each held to
@@ -28,6 +30,8 @@ Sync and pipe stay exact (equal to the reference within float32 rounding): TF32 
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import torch
@@ -87,6 +91,8 @@ class DeviceState(PartitionState):
         self.buffers = {name: torch.zeros(tuple(buffer.shape), dtype=torch.float32, device=device)
                         for name, buffer in self.buffers.items()}
         self._send_index: dict[int, torch.Tensor] = {}
+        # Ghost rows cross the bus on their own stream (see _to_host, _to_device).
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def host_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         return to_host(self.rows(name)[start:stop])
@@ -122,20 +128,53 @@ class DeviceState(PartitionState):
                                                                            dtype=np.int64)).to(self.device)
         return self._send_index[peer]
 
-    def rows_for_peer(self, name: str, peer: int) -> np.ndarray:
-        return to_host(self.buffers[name].index_select(0, self._peer_index(peer)))
+    async def _to_host(self, blocks: dict[int, torch.Tensor]) -> dict[int, np.ndarray]:
+        """Device ``blocks`` (snapshots taken on the compute stream) as host arrays. On CUDA the
+        copies run on the copy stream while the server goes on queueing other intervals' work."""
+        if self._copy_stream is None:
+            return {key: to_host(block) for key, block in blocks.items()}
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        hosts = {}
+        with torch.cuda.stream(self._copy_stream):
+            for key, block in blocks.items():
+                block.record_stream(self._copy_stream)  # not reused by the compute stream until copied
+                hosts[key] = torch.empty(block.shape, dtype=block.dtype, pin_memory=True)
+                hosts[key].copy_(block, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        await asyncio.to_thread(done.synchronize)
+        return {key: host.numpy() for key, host in hosts.items()}  # each array keeps its pinned block
+
+    def _to_device(self, rows: np.ndarray) -> torch.Tensor:
+        """Host ``rows`` on the device, usable by the compute stream's next work. On CUDA: staged
+        in pinned memory and copied on the copy stream, so the host does not wait for the work
+        already queued and the copy overlaps it; the compute stream waits for the copy only."""
+        if self._copy_stream is None:
+            return torch.from_numpy(rows).to(self.device)
+        staged = torch.empty(rows.shape, dtype=torch.float32, pin_memory=True)
+        staged.numpy()[...] = rows
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            block = staged.to(self.device, non_blocking=True)
+        compute.wait_stream(self._copy_stream)
+        block.record_stream(compute)
+        return block
+
+    async def rows_for_peers(self, name: str, peers) -> dict[int, np.ndarray]:
+        return await self._to_host({peer: self.buffers[name].index_select(0, self._peer_index(peer))
+                                    for peer in peers})
 
     def set_ghost_rows(self, name: str, peer: int, rows: np.ndarray) -> None:
-        self.buffers[name][self.part.ghost_rows(peer)].copy_(torch.from_numpy(rows))
+        self.buffers[name][self.part.ghost_rows(peer)].copy_(self._to_device(rows))
 
-    def contribution_for_peer(self, contribution: torch.Tensor, peer: int) -> np.ndarray:
-        return to_host(contribution[self.part.ghost_rows(peer)])
+    async def contributions_for_peers(self, contribution: torch.Tensor, peers) -> dict[int, np.ndarray]:
+        return await self._to_host({peer: contribution[self.part.ghost_rows(peer)] for peer in peers})
 
     def set_owned_rows(self, name: str, contribution: torch.Tensor) -> None:
         self.buffers[name].copy_(contribution[: self.n_owned])
 
     def add_peer_contribution(self, name: str, peer: int, rows: np.ndarray) -> None:
-        self.buffers[name].index_add_(0, self._peer_index(peer), torch.from_numpy(rows).to(self.device))
+        self.buffers[name].index_add_(0, self._peer_index(peer), self._to_device(rows))
 
 
 class GpuBackend(CpuBackend):

@@ -10,6 +10,8 @@ Scatter's additions are one float32 operation per element on both sides: equal.
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -101,15 +103,18 @@ def test_device_state_moves_ghost_rows_as_the_host_state(store, device):
         owned_only = next(n for n in sorted(host.buffers) if n not in plan.ghosted)
         rng = np.random.default_rng(10 + part_id)
         contribution = rng.standard_normal(host.buffers[name].shape).astype(np.float32)
-        for peer in (j for j in range(NUM_PARTS) if j != part_id):
-            sent = on_device.rows_for_peer(name, peer)
-            assert isinstance(sent, np.ndarray)
-            np.testing.assert_array_equal(sent, host.rows_for_peer(name, peer))
-            ghosts = rng.standard_normal(host.contribution_for_peer(host.buffers[name], peer).shape).astype(np.float32)
+        peers = [j for j in range(NUM_PARTS) if j != part_id]
+        sent = asyncio.run(on_device.rows_for_peers(name, peers))
+        want = asyncio.run(host.rows_for_peers(name, peers))
+        returned = asyncio.run(on_device.contributions_for_peers(torch.from_numpy(contribution).to(device), peers))
+        assert sorted(sent) == sorted(returned) == peers
+        for peer in peers:
+            assert isinstance(sent[peer], np.ndarray) and isinstance(returned[peer], np.ndarray)
+            np.testing.assert_array_equal(sent[peer], want[peer])
+            np.testing.assert_array_equal(returned[peer], contribution[host.part.ghost_rows(peer)])
+            ghosts = rng.standard_normal(returned[peer].shape).astype(np.float32)
             host.set_ghost_rows(name, peer, ghosts)
             on_device.set_ghost_rows(name, peer, ghosts)
-            back = on_device.contribution_for_peer(torch.from_numpy(contribution).to(device), peer)
-            np.testing.assert_array_equal(back, host.contribution_for_peer(contribution, peer))
         np.testing.assert_array_equal(on_device.buffers[name].cpu().numpy(), host.buffers[name])
         np.testing.assert_array_equal(on_device.host_rows(name, 1, 5), host.host_rows(name, 1, 5))
 

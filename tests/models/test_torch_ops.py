@@ -122,6 +122,24 @@ def test_device_keep_mask_is_the_numpy_mask(device, width, p):
         np.testing.assert_array_equal(got.cpu().numpy(), want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [1, 3, 8])
+@pytest.mark.parametrize("p", [0.1, 0.6])
+def test_device_edge_mask_is_the_numpy_mask(device, width, p):
+    """GAT's attention-dropout mask hashed on the device equals the numpy one, edge by edge,
+    for ids whose products overflow 64 bits."""
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([np.arange(40), np.array([2**31 - 1, 2**40 + 7, 2**62 + 3])]).astype(np.int64)
+    dst, src = rng.choice(ids, 200), rng.choice(ids, 200)
+    for key in ((0, 0, 0), (7, 3, 1), (2**31 - 1, 10_000, 5)):
+        want = masks.keep_edge_mask(*key, dst, src, width, p)
+        got = torch_ops.keep_edge_mask(key, torch.from_numpy(dst).to(device), torch.from_numpy(src).to(device),
+                                       width, p)
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+    with pytest.raises(ValueError, match="one length"):
+        torch_ops.keep_edge_mask((0, 0, 0), torch.from_numpy(dst), torch.from_numpy(src[:-1]), width, p)
+
+
 def test_device_ops_refuse_what_numpy_refuses():
     with pytest.raises(ValueError, match="dropout probability"):
         torch_ops.keep_mask((0, 0, 0), torch.arange(3), 4, 1.0)

@@ -90,6 +90,20 @@ def test_lambda_calls_and_their_bill():
     assert p.billed_gb_s >= p.calls * 0.001 * s.lambda_memory_mb / 1024
 
 
+def test_a_call_waits_two_round_trips_whatever_it_moves():
+    """Pulls go out together, then pushes together (lambdas.handler), so a call with weights and
+    a gradient waits as many round trips as one without."""
+    s = setup(backend="lambda", functions=1)  # two waves per stage
+    _, plan = gcn_plan(SHAPE, s)
+    slow_link = [dataclasses.replace(CAL, round_trip_s=rtt) for rtt in (1.0, 2.0)]
+    near, far = (local(s, cal) for cal in slow_link)
+    for pass_, stages in (("", plan.train), ("_eval", plan.evaluate)):
+        for task in {st.task for st in stages if st.kind == "function"}:
+            count = sum(st.task == task and st.kind == "function" for st in stages)
+            key = f"{task.lower()}{pass_}_s"
+            assert far.task_s[key] - near.task_s[key] == pytest.approx(count * 2 * 2 * 1.0), key
+
+
 def test_fewer_concurrent_calls_take_more_waves():
     roomy = dataclasses.replace(CAL, cores=8)  # enough cores for every call at once: only the waves differ
     one, two = (local(setup(backend="lambda", functions=f), roomy) for f in (1, 2))
