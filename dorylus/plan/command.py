@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="predict a run on the partition store STORE (its real partition sizes and ghost rows)")
     where.add_argument("--run", metavar="RUN_DIR",
                        help="predict the run in RUN_DIR with its own config and partitions, and print its measured "
-                            "epoch time beside (the median of its epochs after the first)")
+                            "epoch time beside (the median of its epochs after the first, those with the evaluation "
+                            "pass or those without as predicted)")
     local.add_argument("--backend", action="append", choices=BACKENDS,
                        help="backend(s) to predict, repeatable (default: lambda and cpu)")
     local.add_argument("--parts", type=int, help="graph servers with --dataset (default 2)")
@@ -104,7 +105,6 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
     if args.run:
         options, shape = run_options(args.run)
         backends = [options.backend]
-        measured = measured_epoch_s(args.run)
         source = f"run {args.run}"
     else:
         shape = local_shape(args.dataset, args.partitions, args.parts, args.cut_fraction)
@@ -118,6 +118,8 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
     from dataclasses import replace
 
     options = replace(options, static_cached=args.static_cached, **overrides)
+    if args.run:
+        measured = measured_epoch_s(args.run, evaluated=options.evaluate)
     print(f"predicted epoch on this machine for {source}: {shape.vertices:,} vertices, {shape.parts} parts (largest: "
           f"{shape.owned:,} rows, {shape.nnz:,} A_hat entries, {shape.ghosts:,} ghost rows), {shape.features} "
           f"features, {shape.classes} classes; GCN hidden {options.hidden}, {options.intervals} intervals, "

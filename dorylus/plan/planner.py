@@ -190,12 +190,16 @@ def plan_local(calibration: Calibration, shape: Shape, options: LocalOptions) ->
     return predict(shape, setup, environment.local(calibration, setup))
 
 
-def measured_epoch_s(run_dir: str | Path, skip: int = 1) -> tuple[float, int]:
+def measured_epoch_s(run_dir: str | Path, evaluated: bool, skip: int = 1) -> tuple[float, int]:
     """The median ``epoch_s`` of a run's epochs after the first ``skip`` (start-up: cold caches,
-    first calls), and how many epochs that is."""
+    first calls) that ran the evaluation pass (``evaluated``) or did not, and how many epochs
+    that is (all epochs of that kind when none is left after ``skip``)."""
     from dorylus.report import load_run
 
-    history = load_run(run_dir).metrics
+    history = [m for m in load_run(run_dir).metrics if (m.get("test_acc") is not None) == evaluated]
+    if not history:
+        raise ConfigError(f"plan: {run_dir} has no epoch {'with' if evaluated else 'without'} an evaluation pass "
+                          f"to compare with")
     timed = [m["epoch_s"] for m in history[skip:]] or [m["epoch_s"] for m in history]
     return statistics.median(timed), len(timed)
 

@@ -80,6 +80,23 @@ def test_prediction_beside_a_measured_run(calibration_file, tmp_path, capsys):
     assert ratio == pytest.approx(predicted / measured, abs=0.01)
 
 
+def test_a_run_is_compared_with_its_epochs_of_the_predicted_kind(calibration_file, tmp_path, capsys):
+    """Evaluating every other epoch: the prediction without the evaluation pass is set beside the
+    epochs without one, and ``--evaluate`` beside the epochs with one."""
+    run = tmp_path / "run"
+    run_training(TrainConfig(backend="cpu", parts=2, epochs=7, eval_every=2, hidden=4, run_dir=str(run)),
+                 random_graph(num_nodes=60, num_edges=200), progress=io.StringIO())
+    history = read_metrics(run)
+    for flag, evaluated in (([], False), (["--evaluate"], True)):
+        assert main(["plan", "--calibration", str(calibration_file), "--run", str(run), *flag]) == 0
+        out = capsys.readouterr().out
+        assert f"evaluation pass {'on' if evaluated else 'off'}" in out
+        (row,) = _rows(out, "backend")
+        epochs = [m["epoch_s"] for m in history if (m["test_acc"] is not None) == evaluated][1:]
+        assert len(epochs) >= 2 and row[8:11] == ["(median", "of", f"{len(epochs)})"]
+        assert float(row[7]) == pytest.approx(statistics.median(epochs), abs=1e-4)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--calibration", "{missing}"], "calibration file .* does not exist"),
     (["--dataset", "synthetic-1m", "--backend", "gpu"], "needs a calibration with a GPU"),
