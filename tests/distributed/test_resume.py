@@ -135,11 +135,13 @@ def torch_epoch(run: Path) -> int:
 
 
 def test_stopped_graph_server_is_reported_by_the_watchdog(training, tmp_path):
-    """SIGSTOP: the process neither exits nor answers. Default watchdog settings."""
+    """SIGSTOP: the process neither exits nor answers. A shorter silence than the default 30 s
+    (the same rule; the suite's time)."""
     if not CORA.is_file():
         pytest.skip(f"real data not present at {CORA}")
     run = tmp_path / "run"
-    t = training("--dataset", str(CORA), "--backend", "lambda", "--epochs", "100000", "--run-dir", str(run))
+    t = training("--dataset", str(CORA), "--backend", "lambda", "--epochs", "100000", "--run-dir", str(run),
+                 "--watchdog-min-s", "8")
     t.wait_for_epoch(run, 3)
     victim = t.role(b"graphserver.server")
     args = cmdline(victim).split(b"\0")
@@ -149,7 +151,7 @@ def test_stopped_graph_server_is_reported_by_the_watchdog(training, tmp_path):
     code = t.process.wait(timeout=120)
     took = time.monotonic() - stopped_at
     output = t.log.read_text()
-    assert code == 1 and took < 60, (took, output[-2000:])
+    assert code == 1 and 8 <= took < 40, (took, output[-2000:])
     report = next(line for line in output.splitlines() if "watchdog" in line)
     assert f"graph server {part}" in report and f"pid {victim}" in report and "stopped" in report
     assert f"graphserver-{part}.log" in report and "Traceback" not in output
