@@ -377,7 +377,7 @@ class LocalCluster(Cluster):
     def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
         ready_file.unlink(missing_ok=True)  # a resumed run's directory holds the previous roles' files
         with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
-            process = subprocess.Popen([sys.executable, *args, "--exit-with-parent"], stdout=out,
+            process = subprocess.Popen([sys.executable, *args, "--exit-with-parent", str(os.getpid())], stdout=out,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
                                        env=local_process_environment())
         self.children.append(_Child(name, process, log))

@@ -41,10 +41,12 @@ def one_blas_thread_for_children() -> Iterator[None]:
             del os.environ[BLAS_THREADS]
 
 
-def stop_with_parent(stop: Callable[[], None], interval_s: float = 1.0) -> threading.Event:
-    """Call ``stop()`` once this process's parent exits (it is re-parented). Runs in a daemon
-    thread; set the returned event to end the watch."""
-    parent = os.getppid()
+def stop_with_parent(stop: Callable[[], None], parent: int | None = None, interval_s: float = 1.0) -> threading.Event:
+    """Call ``stop()`` once this process's parent ``parent`` (default: the parent now) is not its
+    parent any more: it exited, and this process was re-parented. A launcher names itself, so a
+    parent that exits before the watch starts is noticed too. Runs in a daemon thread; set the
+    returned event to end the watch."""
+    parent = os.getppid() if parent is None else parent
     done = threading.Event()
 
     def watch() -> None:

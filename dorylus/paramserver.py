@@ -630,7 +630,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                              staleness=config.staleness, keys=keys, advertise=advertise, max_message_bytes=limit,
                              config=config.to_dict())
     previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    watch = stop_with_parent(server.stop) if args.exit_with_parent else None
+    watch = stop_with_parent(server.stop, args.exit_with_parent or None) if args.exit_with_parent is not None else None
     try:
         if args.ready_file:
             atomic_write_text(Path(args.ready_file), server.endpoint + "\n")

@@ -21,9 +21,10 @@ def add_server_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--advertise", metavar="HOST[:PORT]",
                         help="the address functions and peers dial, when it differs from --bind (e.g. bind "
                              "tcp://0.0.0.0:5500, advertise the private IP); PORT defaults to the bound one")
-    parser.add_argument("--exit-with-parent", action="store_true",
-                        help="stop when the process that started this one exits (what `dorylus train` asks of "
-                             "the roles it starts); by default the server keeps waiting for coordinators")
+    parser.add_argument("--exit-with-parent", nargs="?", type=int, const=0, metavar="PID",
+                        help="stop when the process that started this one (PID, if given: `dorylus train` names "
+                             "itself, so an exit before this process is up counts too) is no longer its parent; "
+                             "by default the server keeps waiting for coordinators")
 
 
 def server_options(args: argparse.Namespace, role: str):

@@ -554,8 +554,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopping.set)
-        watch = (stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set))
-                 if args.exit_with_parent else None)
+        watch = (stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set), args.exit_with_parent or None)
+                 if args.exit_with_parent is not None else None)
         try:
             await server.serve(args.bind, args.ready_file)
         finally:

@@ -12,7 +12,8 @@ stage               seconds
 ==================  ===========================================================================
 GATHER (width w)    ``m w / gather(4 w (n + g))``, plus the ghost exchange
                     ``4 w max(g, s) / ghost_link + rtt`` when P > 1
-GATHER_BACKWARD     the same (the transpose has the same entries; contributions go back)
+GATHER_BACKWARD     ``m w / gather(4 w n)`` (the transpose reads the owned rows' gradients),
+                    plus the ghost exchange (contributions go back)
 VERTEX              ``work(n) / server``
 FUNCTION, cpu/gpu   ``work(n) / server + waves * k' * rtt`` (``k'``: weights pulled, gradient pushed)
 FUNCTION, lambda    ``max(waves * call, I * bytes(r) / server_link)`` with
@@ -327,7 +328,9 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             layer = layers[stage.layer]
             if stage.kind in ("gather", "gather_backward"):
                 width = plan.widths[stage.reads[0]]
-                operand = FLOAT * width * (shape.owned + shape.ghosts)
+                # Gather reads [owned; ghost] rows at random; its backward, the transpose, reads
+                # the owned rows' gradients only: a smaller operand, so more of it in the caches.
+                operand = FLOAT * width * (shape.owned + (shape.ghosts if stage.kind == "gather" else 0))
                 seconds = shape.nnz * width / env.server.gather_per_s(operand)
                 if shape.parts > 1:
                     seconds += FLOAT * width * max(shape.ghosts, shape.send) / env.ghost_link + env.round_trip_s

@@ -67,6 +67,20 @@ def test_gather_time_is_entries_times_width_over_rate():
     assert two.task_s["ga_s"] == pytest.approx(expected / (1 + environment.PARALLEL_EFFICIENCY))
 
 
+def test_backward_gather_reads_the_owned_rows_only():
+    """Gather's operand is [owned; ghost] rows, its transpose's the owned rows' gradients: with
+    as many ghosts as owned rows, twice the bytes, at the rate for that size."""
+    s = setup(parts=1)
+    shape = dataclasses.replace(SHAPE, parts=1, ghosts=SHAPE.owned, send=0)
+    p = predict(shape, s, environment.local(dataclasses.replace(CAL, cores=1), s))
+    _, plan = gcn_plan(shape, s)
+    for task, rows in (("GA", 2 * shape.owned), ("GA_BWD", shape.owned)):
+        expected = sum(shape.nnz * plan.widths[st.reads[0]] / RATES.gather_per_s(4 * plan.widths[st.reads[0]] * rows)
+                       for st in plan.train if st.task == task)
+        assert p.task_s[f"{task.lower()}_s"] == pytest.approx(expected), task
+    assert p.task_s["ga_bwd_s"] < p.task_s["ga_s"]
+
+
 def test_cost_is_hours_times_price_and_value_is_inverse_time_times_cost():
     p = local(setup(backend="cpu"))
     hourly = DEFAULT_PRICES.ec2_hour_usd
