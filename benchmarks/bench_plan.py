@@ -14,8 +14,9 @@ trainings of one run. Hence several of each, and the load average before and aft
 
     python benchmarks/bench_plan.py
     python benchmarks/bench_plan.py --datasets synthetic-1m,synthetic-reddit --intervals 4 --runs 2
+    python benchmarks/bench_plan.py --model gat
 
-Prints a table and writes ``benchmarks/results/plan.json`` (``--output``).
+Prints a table and writes ``benchmarks/results/plan-<model>.json`` (``--output``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ WITHIN = 0.30
 
 def train(dataset, backend: str, args: argparse.Namespace, run_dir: Path) -> float:
     """Train ``dataset`` with ``backend`` into ``run_dir``; its median epoch after the first."""
-    config = TrainConfig(dataset=dataset.name, backend=backend, parts=args.parts, intervals=args.intervals,
-                         epochs=args.epochs, eval_every=1, run_dir=str(run_dir))
+    config = TrainConfig(dataset=dataset.name, model=args.model, backend=backend, parts=args.parts,
+                         intervals=args.intervals, epochs=args.epochs, eval_every=1, run_dir=str(run_dir))
     run_training(config, dataset, progress=io.StringIO())
     return measured_epoch_s(run_dir, evaluated=True)[0]
 
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "per run to partition)")
     parser.add_argument("--backends", type=comma_list, default=["cpu", "lambda"],
                         help="comma-separated backends (default: cpu,lambda)")
+    parser.add_argument("--model", choices=("gcn", "gat", "sage"), default="gcn",
+                        help="the model, at `dorylus train`'s defaults (default: gcn)")
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers (default: 2)")
     parser.add_argument("--intervals", type=positive_int, default=2, help="intervals per graph server (default: 2)")
     parser.add_argument("--epochs", type=positive_int, default=10, help="epochs per run (default: 10)")
@@ -76,8 +79,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--calibration", action="append", type=Path, default=[], metavar="FILE",
                         help="read a saved calibration instead of measuring one (repeatable)")
     parser.add_argument("--workdir", default=None, help="parent of the temp run dirs (default: system temp dir)")
-    parser.add_argument("--output", type=Path, default=RESULTS / "plan.json", help="JSON result path")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON result path (default: benchmarks/results/plan-<model>.json)")
     args = parser.parse_args(argv)
+    args.output = args.output or RESULTS / f"plan-{args.model}.json"
     unknown = [b for b in args.backends if b not in ("cpu", "lambda")]
     if unknown:
         parser.error(f"--backends takes cpu and lambda (gpu runs need a GPU calibration), got {', '.join(unknown)}")
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(str(exc))
 
     load_before = os.getloadavg()
-    print(f"plan benchmark: {', '.join(args.datasets)} x {', '.join(args.backends)}, {args.parts} parts x "
+    print(f"plan benchmark: {args.model}, {', '.join(args.datasets)} x {', '.join(args.backends)}, {args.parts} parts x "
           f"{args.intervals} intervals, {args.epochs} epochs, {args.runs} run(s) each; load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     runs: list[dict[str, Any]] = []

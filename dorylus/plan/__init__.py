@@ -6,7 +6,7 @@
   real runs;
 * :mod:`~dorylus.plan.catalog`: instance types, GPUs, Lambda and the workloads, with sources;
 * :mod:`~dorylus.plan.environment`: the rates and links of a role on this machine or on AWS;
-* :mod:`~dorylus.plan.model`: one epoch of the GCN plan from those rates, priced;
+* :mod:`~dorylus.plan.model`: one epoch of the model's plan (GCN, GAT, SAGE) from those rates, priced;
 * :mod:`~dorylus.plan.planner`: which configurations to predict (at scale, or a local run);
 * :mod:`~dorylus.plan.command`: the command's options and tables.
 """

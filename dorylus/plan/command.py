@@ -45,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model and run")
     model.add_argument("--hidden", type=int, help="hidden width (default: 16 locally, as `dorylus train`; 128 at "
                                                   "scale)")
-    model.add_argument("--layers", type=int, default=2, help="GCN layers (default 2)")
+    model.add_argument("--layers", type=int, default=2, help="layers (default 2)")
+    model.add_argument("--model", choices=("gcn", "gat", "sage"),
+                       help="the model of a local prediction (default: gcn, or the run's; the table at scale is "
+                            "GCN's)")
+    model.add_argument("--heads", type=int, help="gat: heads of every layer but the last (default 8, or the run's)")
+    model.add_argument("--out-heads", type=int, help="gat: heads of the last layer (default 1, or the run's)")
     model.add_argument("--mode", choices=MODES, help="sync sums the stages; pipe overlaps graph work with function "
                                                      "calls (default: sync locally, pipe at scale)")
     model.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
@@ -114,7 +119,8 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
         source = args.dataset or args.partitions
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers if not args.run else None),
                                    ("lambda_memory_mb", args.lambda_memory_mb), ("mode", args.mode),
-                                   ("evaluate", args.evaluate)) if v is not None}
+                                   ("evaluate", args.evaluate), ("model", args.model), ("heads", args.heads),
+                                   ("out_heads", args.out_heads)) if v is not None}
     from dataclasses import replace
 
     options = replace(options, static_cached=args.static_cached, **overrides)
@@ -122,7 +128,8 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
         measured = measured_epoch_s(args.run, evaluated=options.evaluate)
     print(f"predicted epoch on this machine for {source}: {shape.vertices:,} vertices, {shape.parts} parts (largest: "
           f"{shape.owned:,} rows, {shape.nnz:,} A_hat entries, {shape.ghosts:,} ghost rows), {shape.features} "
-          f"features, {shape.classes} classes; GCN hidden {options.hidden}, {options.intervals} intervals, "
+          f"features, {shape.classes} classes; {options.model.upper()} hidden {options.hidden}, {options.intervals} "
+          f"intervals, "
           f"mode {options.mode}, evaluation pass {'on' if options.evaluate else 'off'}", file=out)
     predictions = [plan_local(calibration, shape, replace(options, backend=b)) for b in backends]
     header = ["backend", "parts", "intervals", "s/epoch", "$/epoch", "value", "calls/epoch"]

@@ -1,7 +1,9 @@
 """The epoch model: seconds, dollars and value of one training epoch from calibrated rates.
 
-The epoch is the GCN plan itself (:func:`dorylus.models.gcn.build_plan`, DESIGN §2): the
-training pass, then (``evaluate``) the evaluation pass, each a list of stages; the largest
+The epoch is the model's plan itself (``build_plan`` of :mod:`dorylus.models.gcn`, ``gat`` or
+``sage``, DESIGN §2): the training pass, then (``evaluate``) the evaluation pass, each a list
+of stages, each costed by its model's formulas (:data:`STAGE_WORK`, :func:`gather_seconds`;
+the table below is GCN's); the largest
 partition sets the pace. With ``n`` owned rows, ``m`` A_hat entries, ``g`` ghost rows and ``s``
 rows sent to peers per graph server, ``I`` intervals of ``r = n / I`` rows, ``c`` calls at once
 per server, and rates (:class:`~dorylus.plan.calibration.Rates`) scaled to where the work runs
@@ -142,6 +144,10 @@ class Setup:
     evaluate: bool = True
     graph_servers_per_instance: int = 1  # GPUs per instance for the gpu backend
     static_cached: float = 0.0  # share of function calls whose warm container holds their static inputs
+    model: str = "gcn"
+    heads: int = 8  # gat: heads of every layer but the last, and of the last
+    out_heads: int = 1
+    attention_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}"),
@@ -204,36 +210,100 @@ class Work:
                     self.softmax + other.softmax)
 
 
-def task_work(stage, layer, rows: float, training: bool) -> Work:
-    """The work of GCN stage ``stage`` (a :class:`dorylus.models.base.Stage`) of ``layer`` (its
-    :class:`~dorylus.models.spec.LayerSpec`) on ``rows`` rows (see :func:`dorylus.models.gcn.compute`)."""
+def task_work(stage, layer, rows: float, training: bool, model: str = "gcn") -> Work:
+    """The work of stage ``stage`` (a :class:`dorylus.models.base.Stage`) of ``layer`` (its
+    :class:`~dorylus.models.spec.LayerSpec`) of ``model`` on ``rows`` rows (see each model's
+    ``compute``)."""
+    if model not in STAGE_WORK:
+        raise ConfigError(f"plan: no cost formulas for the model {model!r}; known: {', '.join(STAGE_WORK)}")
     args = dict(stage.args)
-    i, o = layer.in_dim, layer.out_dim
     dropout = training and float(args.get("dropout", 0.0)) > 0
     activation = args.get("act_in", args.get("relu_in")) not in (None, False)
     # A layer's input: dropout's mask regenerated (training) or the activation alone (evaluation).
+    i = layer.in_dim
     prepare = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
-    prepare_backward = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
+    work = STAGE_WORK[model](stage.task, args, layer, rows, training, prepare)
+    if work is None:
+        raise ConfigError(f"plan: no cost formula for the {model} task {stage.task!r}")
+    return work
+
+
+def _gcn_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
+    i, o = layer.in_dim, layer.out_dim
     product = Work(macs=rows * i * o)
-    softmax = Work(softmax=rows * o)
     first = layer.index == 0
-    task = stage.task
     if task == "PREP":
         return prepare
     if task == "PREP_BWD":
-        return prepare_backward
+        return prepare  # the mask (or the activation's derivative) again, on the gradient
     if task == "AV":
         return prepare + product if args.get("project_first") else product
     if task == "AV_BWD":
         if args.get("project_first"):  # recompute H, dW = H^T dP, and dX = prep'(dP W^T) above layer 0
-            return prepare + product + (Work() if first else product + prepare_backward)
+            return prepare + product + (Work() if first else product + prepare)
         return product + (Work() if first else product)  # dW = Z^T dY, dZ = dY W^T
     if task == "LOSS":
-        return softmax
+        return Work(softmax=rows * o)
     if task == "AV_LOSS":
-        work = product + softmax
+        work = product + Work(softmax=rows * o)
         return work + product + (Work() if first else product) if training else work
-    raise ConfigError(f"plan: no cost formula for the GCN task {task!r}")
+    return None
+
+
+def _sage_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
+    """``P = H W_neigh`` and ``S = H W_self`` from one input; ``Y = mean(P) + S``."""
+    i, o = layer.in_dim, layer.out_dim
+    both = Work(macs=2 * rows * i * o)
+    if task == "AV":
+        return prepare + both
+    if task == "SUM":
+        return Work(elementwise=rows * o)
+    if task == "LOSS":
+        return Work(softmax=rows * o)
+    if task == "AV_BWD":  # recompute H, both halves of dW, and dX above layer 0
+        return prepare + both + (Work() if layer.index == 0 else both + prepare)
+    return None
+
+
+def _gat_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
+    """``P = H W`` (``K`` heads of ``F``) and each head's two scores ``P a_dst``, ``P a_src``."""
+    i, width = layer.in_dim, layer.heads * layer.out_dim
+    product = Work(macs=rows * i * width)
+    scores = Work(elementwise=2 * rows * width)
+    if task == "AV":
+        return prepare + product + scores
+    if task == "LOSS":
+        return Work(softmax=rows * layer.out_dim)
+    if task == "AV_BWD":  # recompute P and the scores, their gradients into dP, dW, and dX above layer 0
+        return (prepare + product + scores + Work(elementwise=4 * rows * width) + product
+                + (Work() if layer.index == 0 else product + prepare))
+    return None
+
+
+STAGE_WORK = {"gcn": _gcn_work, "sage": _sage_work, "gat": _gat_work}
+# GAT's edge work per edge and head, as element-wise passes: forward, the scores' sum, leaky
+# ReLU, the row maximum, exp, the row sum and the division (the edge softmax); backward, that
+# again (recomputed) and the softmax's and the scores' gradients.
+GAT_EDGE_PASSES = {"gather": 7, "gather_backward": 7 + 8}
+
+
+def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool) -> float:
+    """One Gather or backward Gather of the largest partition, its kernels alone: GCN and SAGE
+    one sparse product at ``width`` (forward: ``nnz`` entries over [owned; ghost] rows;
+    backward: the transpose, over the owned rows' gradients: a smaller operand, so more of it in
+    the caches); GAT one product per head at the head's width (twice backward: the weighted sum's
+    gradient and the attention's) plus its edge work (:data:`GAT_EDGE_PASSES`, and attention
+    dropout's mask while training)."""
+    rows = shape.owned + (shape.ghosts if stage.kind == "gather" else 0)
+    if model != "gat":
+        return shape.nnz * width / rates.gather_per_s(FLOAT * width * rows)
+    heads, head_width = layer.heads, layer.out_dim
+    products = 1 if stage.kind == "gather" else 2
+    seconds = products * heads * shape.nnz * head_width / rates.gather_per_s(FLOAT * head_width * rows)
+    edges = shape.nnz * heads
+    dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
+    return seconds + Work(elementwise=GAT_EDGE_PASSES[stage.kind] * edges,
+                          dropout=edges * (2 if stage.kind == "gather_backward" else 1) if dropout else 0.0).seconds(rates)
 
 
 def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
@@ -244,14 +314,14 @@ def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
 
 
 def call_bytes(stage, layer, widths: dict[str, int], features: int, rows: float, training: bool,
-               static_cached: float = 0.0) -> float:
+               static_cached: float = 0.0, weight_size: int | None = None) -> float:
     """Bytes one function call of ``stage`` on ``rows`` rows moves: its input rows (static ones
     unless cached: a warm function keeps them when it serves the same interval again, which
     happens for a ``static_cached`` share of calls) and output rows, the layer's weights, and
     its gradient."""
     moved = sum(row_bytes(name, widths, features) * (1 - static_cached if name in STATIC_ROWS else 1)
                 for name in (*stage.reads, *stage.writes))
-    weights = FLOAT * layer.in_dim * layer.out_dim
+    weights = FLOAT * (layer.in_dim * layer.out_dim if weight_size is None else weight_size)
     return rows * moved + (weights if stage.weights else 0) + (weights if stage.grad and training else 0)
 
 
@@ -286,22 +356,24 @@ def model_spec(shape: Shape, setup: Setup):
     from dorylus.config import TrainConfig
     from dorylus.models.spec import ModelSpec
 
-    config = TrainConfig(model="gcn", layers=setup.layers, hidden=setup.hidden)
+    config = TrainConfig(model=setup.model, layers=setup.layers, hidden=setup.hidden, heads=setup.heads,
+                         out_heads=setup.out_heads, attention_dropout=setup.attention_dropout)
     return ModelSpec.from_config(config, shape.features, shape.classes)
 
 
-def gcn_plan(shape: Shape, setup: Setup):
+def model_plan(shape: Shape, setup: Setup):
+    """The model's spec and plan, the same stages the graph servers run."""
     from dorylus.models import get_model
 
     spec = model_spec(shape, setup)
-    return spec, get_model("gcn").build_plan(spec)
+    return spec, get_model(setup.model).build_plan(spec)
 
 
 def server_memory_bytes(shape: Shape, setup: Setup) -> float:
     """A graph server's resident bytes: A_hat and its transpose (int64 index + float32 value per
     entry, row pointers), the features, and every row buffer of the plan (ghost rows included
     for the buffers Gather reads)."""
-    _, plan = gcn_plan(shape, setup)
+    _, plan = model_plan(shape, setup)
     local = shape.owned + shape.ghosts
     csr = 2 * (shape.nnz * 12 + (shape.owned + local + 2) * 8)
     buffers = sum(width * (local if name in plan.ghosted else shape.owned) for name, width in plan.widths.items())
@@ -313,8 +385,9 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
     if setup.backend == "lambda" and (env.function is None or env.call_link is None or env.invoke_s is None):
         raise ConfigError(f"plan: the lambda backend needs function rates, a call link and an invoke latency "
                           f"({env.where or 'environment'} has none)")
-    spec, plan = gcn_plan(shape, setup)
+    spec, plan = model_plan(shape, setup)
     layers = {layer.index: layer for layer in spec.layers}
+    weight_sizes = [r * c for r, c in spec.weight_shapes()]
     n, I = shape.owned, setup.intervals
     rows = n / I
     waves = math.ceil(I / min(setup.functions, I))
@@ -328,19 +401,19 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             layer = layers[stage.layer]
             if stage.kind in ("gather", "gather_backward"):
                 width = plan.widths[stage.reads[0]]
-                # Gather reads [owned; ghost] rows at random; its backward, the transpose, reads
-                # the owned rows' gradients only: a smaller operand, so more of it in the caches.
-                operand = FLOAT * width * (shape.owned + (shape.ghosts if stage.kind == "gather" else 0))
-                seconds = shape.nnz * width / env.server.gather_per_s(operand)
-                if shape.parts > 1:
-                    seconds += FLOAT * width * max(shape.ghosts, shape.send) / env.ghost_link + env.round_trip_s
+                seconds = gather_seconds(stage, layer, setup.model, width, shape, env.server, training)
+                if shape.parts > 1:  # the ghost rows of what Gather reads, or the contributions back
+                    exchanged = sum(plan.widths[name] for name in (stage.reads if stage.kind == "gather"
+                                                                   else stage.writes))
+                    seconds += FLOAT * exchanged * max(shape.ghosts, shape.send) / env.ghost_link + env.round_trip_s
                 graph = True
             elif stage.kind == "vertex":
-                seconds = task_work(stage, layer, n, training).seconds(env.server)
+                seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server)
                 graph = True
             elif setup.backend == "lambda":
-                work = task_work(stage, layer, rows, training)
-                moved = call_bytes(stage, layer, plan.widths, shape.features, rows, training, setup.static_cached)
+                work = task_work(stage, layer, rows, training, setup.model)
+                moved = call_bytes(stage, layer, plan.widths, shape.features, rows, training, setup.static_cached,
+                                   weight_sizes[stage.layer])
                 call = (env.invoke_s + env.call_s + CALL_ROUND_TRIPS * env.round_trip_s
                         + moved / env.call_link + work.seconds(env.function))
                 seconds = max(waves * call, I * moved / env.server_link)
@@ -349,7 +422,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 graph = False
             else:  # cpu, gpu: the model's compute in the graph server; weights and gradient over the network
                 messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
-                seconds = task_work(stage, layer, n, training).seconds(env.server) + waves * messages * env.round_trip_s
+                seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server) + waves * messages * env.round_trip_s
                 graph = True  # the same machine as Gather: nothing to overlap
             seconds += env.stage_s
             key = stage.task.lower() + ("_eval" if pass_name == "eval" else "") + "_s"
@@ -362,7 +435,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             else:
                 function_side += seconds
         epoch_s += _segment(setup, graph_side, function_side)
-    weights = sum(layer.in_dim * layer.out_dim for layer in spec.layers)
+    weights = sum(weight_sizes)
     epoch_s += ADAM_PASSES * weights / env.server.elementwise_per_s + POLL_S / 2 + env.round_trip_s
     billed_gb_s = billed_s * setup.lambda_memory_mb / 1024
     pricing = Pricing(graph_server_instance=setup.graph_server, graph_servers=setup.instances,

@@ -31,7 +31,7 @@ from dorylus.errors import ConfigError
 from dorylus.plan import environment
 from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import GIB, LAMBDA, WORKLOADS, Workload, instance
-from dorylus.plan.model import Prediction, Setup, Shape, best, even_shape, gcn_plan, predict, \
+from dorylus.plan.model import STAGE_WORK, Prediction, Setup, Shape, best, even_shape, model_plan, predict, \
     row_bytes, server_memory_bytes
 
 MAX_PARTS = 4096
@@ -75,7 +75,7 @@ def fit_parts(workload: Workload, setup: Setup, capacity_bytes: float, cut_fract
 def call_fits(shape: Shape, setup: Setup, memory_fraction: float) -> bool:
     """Whether every function call's rows (its inputs and outputs, and as much again for
     temporaries) fit in the function's memory beside the runtime."""
-    _, plan = gcn_plan(shape, setup)
+    _, plan = model_plan(shape, setup)
     rows = shape.owned / setup.intervals
     widest = max(sum(row_bytes(name, plan.widths, shape.features) for name in (*s.reads, *s.writes))
                  for s in plan.train if s.kind == "function")
@@ -146,6 +146,10 @@ class LocalOptions:
     evaluate: bool = True
     cut_fraction: float = 0.5
     static_cached: float = 0.0
+    model: str = "gcn"
+    heads: int = 8
+    out_heads: int = 1
+    attention_dropout: float = 0.0
 
 
 def local_shape(dataset: str | None, partitions: str | None, parts: int | None, cut_fraction: float) -> Shape:
@@ -183,7 +187,8 @@ def plan_local(calibration: Calibration, shape: Shape, options: LocalOptions) ->
                   parts=shape.parts, intervals=o.intervals, functions=min(o.functions or o.intervals, o.intervals),
                   hidden=o.hidden, layers=o.layers, lambda_memory_mb=o.lambda_memory_mb,
                   param_server=o.param_server_instance, mode=o.mode, evaluate=o.evaluate,
-                  static_cached=o.static_cached)
+                  static_cached=o.static_cached, model=o.model, heads=o.heads, out_heads=o.out_heads,
+                  attention_dropout=o.attention_dropout)
     for name in (setup.graph_server, setup.param_server):
         if name not in DEFAULT_PRICES.ec2_hour_usd:
             raise ConfigError(f"plan: instance type {name!r} is not in the price table")
@@ -214,15 +219,18 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
     if c.get("backend") not in ("lambda", "cpu", "gpu"):
         raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts lambda, cpu "
                           f"and gpu runs")
-    if c.get("model", "gcn") != "gcn":
-        raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models gcn")
+    if c.get("model", "gcn") not in STAGE_WORK:
+        raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models "
+                          f"{', '.join(STAGE_WORK)}")
     store = c.get("partitions") or str(Path(run_dir) / "partitions")
     options = LocalOptions(backend=c["backend"], intervals=c["intervals"], functions=c.get("functions"),
                            hidden=c["hidden"], layers=c["layers"], lambda_memory_mb=c["lambda_memory_mb"],
                            graph_server_instance=c.get("graph_server_instance"),
                            param_server_instance=c["param_server_instance"],
                            mode="sync" if c.get("mode", "sync") == "sync" else "pipe",
-                           evaluate=c.get("eval_every", 1) == 1)
+                           evaluate=c.get("eval_every", 1) == 1, model=c.get("model", "gcn"),
+                           heads=c.get("heads", 8), out_heads=c.get("out_heads", 1),
+                           attention_dropout=c.get("attention_dropout", 0.0))
     return options, local_shape(None, store, None, options.cut_fraction)
 
 

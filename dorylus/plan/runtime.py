@@ -72,12 +72,12 @@ def modelled(run_dir: Path, backend: str, calibration: Calibration) -> tuple[flo
     function stages."""
     from dorylus.partition import open_store
     from dorylus.plan import environment
-    from dorylus.plan.model import Setup, gcn_plan, predict, store_shape
+    from dorylus.plan.model import Setup, model_plan, predict, store_shape
 
     shape = store_shape(open_store(run_dir / "partitions", verify=False))
     setup = Setup(backend=backend, graph_server="c5.2xlarge", parts=shape.parts, intervals=2, functions=2,
                   hidden=16, lambda_memory_mb=1024)
-    _, plan = gcn_plan(shape, setup)
+    _, plan = model_plan(shape, setup)
     stages = (*plan.train, *plan.evaluate)
     work = predict(shape, setup, environment.local(calibration, setup)).epoch_s
     return work, len(stages), sum(s.kind == "function" for s in stages)

@@ -80,6 +80,21 @@ def test_prediction_beside_a_measured_run(calibration_file, tmp_path, capsys):
     assert ratio == pytest.approx(predicted / measured, abs=0.01)
 
 
+@pytest.mark.parametrize("model", ["gat", "sage"])
+def test_gat_and_sage_runs_are_predicted(calibration_file, tmp_path, capsys, model):
+    run = tmp_path / "run"
+    run_training(TrainConfig(model=model, backend="lambda", parts=2, epochs=3, hidden=4, heads=2, run_dir=str(run)),
+                 random_graph(num_nodes=60, num_edges=200), progress=io.StringIO())
+    assert main(["plan", "--calibration", str(calibration_file), "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"{model.upper()} hidden 4" in out
+    (row,) = _rows(out, "backend")
+    assert row[0] == "lambda" and float(row[3]) > 0 and int(row[6]) > 0  # seconds, and function calls
+    # The model's own stages are walked: SAGE's vertex stage SUM is there.
+    stages = next(line for line in out.splitlines() if line.startswith("  lambda: "))
+    assert (" sum " in stages) == (model == "sage") and " ga_bwd " in stages
+
+
 def test_a_run_is_compared_with_its_epochs_of_the_predicted_kind(calibration_file, tmp_path, capsys):
     """Evaluating every other epoch: the prediction without the evaluation pass is set beside the
     epochs without one, and ``--evaluate`` beside the epochs with one."""

@@ -12,7 +12,7 @@ from dorylus.errors import ConfigError
 from dorylus.plan import environment
 from dorylus.plan.calibration import Calibration, Rates
 from dorylus.plan.catalog import GPUS, WORKLOADS, instance
-from dorylus.plan.model import Setup, even_shape, gcn_plan, ghost_rows, predict, server_memory_bytes, task_work
+from dorylus.plan.model import Setup, even_shape, ghost_rows, model_plan, predict, server_memory_bytes, task_work
 from dorylus.plan.planner import ScaleOptions, fit_parts, plan_scale
 
 RATES = Rates(gather=((1e6, 2e9), (1e8, 1e9)), matmul_per_s=4e10, dropout_per_s=1e8, elementwise_per_s=2e9,
@@ -55,7 +55,7 @@ def test_gather_time_is_entries_times_width_over_rate():
     env = environment.local(dataclasses.replace(CAL, cores=1), s)  # one thread: the calibrated rates themselves
     assert env.server == RATES
     p = predict(shape, s, env)
-    _, plan = gcn_plan(shape, s)
+    _, plan = model_plan(shape, s)
     expected = 0.0
     for stage in plan.train:
         if stage.task == "GA":
@@ -73,7 +73,7 @@ def test_backward_gather_reads_the_owned_rows_only():
     s = setup(parts=1)
     shape = dataclasses.replace(SHAPE, parts=1, ghosts=SHAPE.owned, send=0)
     p = predict(shape, s, environment.local(dataclasses.replace(CAL, cores=1), s))
-    _, plan = gcn_plan(shape, s)
+    _, plan = model_plan(shape, s)
     for task, rows in (("GA", 2 * shape.owned), ("GA_BWD", shape.owned)):
         expected = sum(shape.nnz * plan.widths[st.reads[0]] / RATES.gather_per_s(4 * plan.widths[st.reads[0]] * rows)
                        for st in plan.train if st.task == task)
@@ -95,7 +95,7 @@ def test_cost_is_hours_times_price_and_value_is_inverse_time_times_cost():
 def test_lambda_calls_and_their_bill():
     s = setup(backend="lambda")
     p = local(s)
-    _, plan = gcn_plan(SHAPE, s)
+    _, plan = model_plan(SHAPE, s)
     function_stages = sum(st.kind == "function" for st in (*plan.train, *plan.evaluate))
     assert p.calls == SHAPE.parts * s.intervals * function_stages
     bill = p.billed_gb_s * DEFAULT_PRICES.lambda_gb_s_usd["x86_64"] + p.calls * DEFAULT_PRICES.lambda_request_usd
@@ -108,7 +108,7 @@ def test_a_call_waits_two_round_trips_whatever_it_moves():
     """Pulls go out together, then pushes together (lambdas.handler), so a call with weights and
     a gradient waits as many round trips as one without."""
     s = setup(backend="lambda", functions=1)  # two waves per stage
-    _, plan = gcn_plan(SHAPE, s)
+    _, plan = model_plan(SHAPE, s)
     slow_link = [dataclasses.replace(CAL, round_trip_s=rtt) for rtt in (1.0, 2.0)]
     near, far = (local(s, cal) for cal in slow_link)
     for pass_, stages in (("", plan.train), ("_eval", plan.evaluate)):
@@ -130,7 +130,7 @@ def test_fewer_concurrent_calls_take_more_waves():
 
 def test_the_runtime_cost_adds_to_every_stage():
     s = setup()
-    _, plan = gcn_plan(SHAPE, s)
+    _, plan = model_plan(SHAPE, s)
     stages = len(plan.train) + len(plan.evaluate)
     with_cost = local(s, dataclasses.replace(CAL, stage_s=0.01))
     assert with_cost.epoch_s == pytest.approx(local(s).epoch_s + stages * 0.01)
@@ -148,7 +148,7 @@ def test_pipe_overlaps_functions_with_graph_work_only_for_lambda():
 
 
 def test_task_work_counts_products_and_dropout():
-    spec, plan = gcn_plan(SHAPE, setup())
+    spec, plan = model_plan(SHAPE, setup())
     layer0 = spec.layers[0]  # 128 -> 16: projects first, so AV applies layer 0's dropout to X
     av0 = next(st for st in plan.train if st.task == "AV" and st.layer == 0)
     work = task_work(av0, layer0, 1000, training=True)
@@ -160,6 +160,41 @@ def test_task_work_counts_products_and_dropout():
     fused = next(st for st in plan.train if st.task == "AV_LOSS")  # 16 -> 16 gathers first: loss fused
     loss = task_work(fused, spec.layers[1], 1000, training=True)
     assert (loss.macs, loss.softmax) == (3 * 1000 * 16 * 16, 1000 * 16)  # forward, dW, dZ
+
+
+def test_sage_and_gat_stages_count_their_products():
+    """SAGE projects with both halves of its weights; GAT with K heads of F and two scores per head."""
+    for model, extra in (("sage", {}), ("gat", {"heads": 4})):
+        s = setup(model=model, hidden=8, **extra)
+        spec, plan = model_plan(SHAPE, s)
+        layer0 = spec.layers[0]  # 128 -> 8 (x 4 heads for gat), dropout on X
+        av0 = next(st for st in plan.train if st.task == "AV" and st.layer == 0)
+        work = task_work(av0, layer0, 1000, True, model)
+        if model == "sage":
+            assert (work.macs, work.dropout, work.elementwise) == (2 * 1000 * 128 * 8, 1000 * 128, 0)
+        else:
+            assert (work.macs, work.dropout, work.elementwise) == (1000 * 128 * 32, 1000 * 128, 2 * 1000 * 32)
+        # Every stage of both passes has a formula, and the model's weights are what a call moves.
+        for stage in (*plan.train, *plan.evaluate):
+            if stage.kind in ("function", "vertex"):
+                task_work(stage, spec.layers[stage.layer], 10, True, model)
+    with pytest.raises(ConfigError, match="no cost formulas for the model 'gin'"):
+        task_work(av0, layer0, 10, True, "gin")
+
+
+def test_gat_gather_is_a_product_per_head_and_its_edge_work():
+    from dorylus.plan.model import GAT_EDGE_PASSES, gather_seconds
+
+    s = setup(model="gat", hidden=8, heads=4, parts=1)
+    shape = dataclasses.replace(SHAPE, parts=1, ghosts=0, send=0)
+    spec, plan = model_plan(shape, s)
+    layer0 = spec.layers[0]
+    for kind, products in (("gather", 1), ("gather_backward", 2)):
+        stage = next(st for st in plan.train if st.kind == kind and st.layer == 0)
+        seconds = gather_seconds(stage, layer0, "gat", plan.widths[stage.reads[0]], shape, RATES, True)
+        product = products * 4 * shape.nnz * 8 / RATES.gather_per_s(4 * 8 * shape.owned)
+        edges = GAT_EDGE_PASSES[kind] * shape.nnz * 4 / RATES.elementwise_per_s
+        assert seconds == pytest.approx(product + edges), kind
 
 
 def test_ghost_rows_of_a_partition():
