@@ -144,9 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # required: the emulator's workers are started with 'spawn' and re-import main
     try:
         main()
-    except DorylusError as exc:
-        print(f"bench_plan: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except DorylusError as e:
+        sys.exit(f"bench_plan: {e}")
