@@ -101,10 +101,9 @@ import zmq
 from dorylus import curve, sockets
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError, DorylusError
-from dorylus.lifecycle import stop_with_parent
 from dorylus.runs import atomic_write_text
 from dorylus.models.spec import ModelSpec
-from dorylus.roleopts import add_server_arguments, server_options
+from dorylus.roleopts import add_server_arguments, server_options, watch_parent
 from dorylus.protocol import (
     REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, check_epoch, decode, encode, error_reply, reply_to,
 )
@@ -630,7 +629,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                              staleness=config.staleness, keys=keys, advertise=advertise, max_message_bytes=limit,
                              config=config.to_dict())
     previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    watch = stop_with_parent(server.stop, args.exit_with_parent or None) if args.exit_with_parent is not None else None
+    watch = watch_parent(args, server.stop)
     try:
         if args.ready_file:
             atomic_write_text(Path(args.ready_file), server.endpoint + "\n")

@@ -8,6 +8,8 @@ is opt-in (``--exit-with-parent``)."""
 from __future__ import annotations
 
 import argparse
+import threading
+from typing import Callable
 
 from dorylus.endpoints import check_advertise
 
@@ -25,6 +27,16 @@ def add_server_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                         help="stop when the process that started this one (PID, if given: `dorylus train` names "
                              "itself, so an exit before this process is up counts too) is no longer its parent; "
                              "by default the server keeps waiting for coordinators")
+
+
+def watch_parent(args: argparse.Namespace, stop: Callable[[], None]) -> threading.Event | None:
+    """``--exit-with-parent [PID]``: call ``stop()`` once the launcher (PID, else the parent at
+    start) is no longer this process's parent; ``None`` without the option."""
+    from dorylus.lifecycle import stop_with_parent
+
+    if args.exit_with_parent is None:
+        return None
+    return stop_with_parent(stop, args.exit_with_parent or None)
 
 
 def server_options(args: argparse.Namespace, role: str):

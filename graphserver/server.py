@@ -56,8 +56,7 @@ from dorylus import curve, protocol, sockets
 from dorylus.config import TrainConfig, load_config_file, server_view
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
-from dorylus.lifecycle import stop_with_parent
-from dorylus.roleopts import add_server_arguments, server_options
+from dorylus.roleopts import add_server_arguments, server_options, watch_parent
 from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
@@ -554,8 +553,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopping.set)
-        watch = (stop_with_parent(lambda: loop.call_soon_threadsafe(server.stopping.set), args.exit_with_parent or None)
-                 if args.exit_with_parent is not None else None)
+        watch = watch_parent(args, lambda: loop.call_soon_threadsafe(server.stopping.set))
         try:
             await server.serve(args.bind, args.ready_file)
         finally:

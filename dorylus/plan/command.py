@@ -128,9 +128,8 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
         measured = measured_epoch_s(args.run, evaluated=options.evaluate)
     print(f"predicted epoch on this machine for {source}: {shape.vertices:,} vertices, {shape.parts} parts (largest: "
           f"{shape.owned:,} rows, {shape.nnz:,} A_hat entries, {shape.ghosts:,} ghost rows), {shape.features} "
-          f"features, {shape.classes} classes; {options.model.upper()} hidden {options.hidden}, {options.intervals} "
-          f"intervals, "
-          f"mode {options.mode}, evaluation pass {'on' if options.evaluate else 'off'}", file=out)
+          f"features, {shape.classes} classes; {options.model.upper()} hidden {options.hidden}, "
+          f"{options.intervals} intervals, mode {options.mode}, evaluation pass {'on' if options.evaluate else 'off'}", file=out)
     predictions = [plan_local(calibration, shape, replace(options, backend=b)) for b in backends]
     header = ["backend", "parts", "intervals", "s/epoch", "$/epoch", "value", "calls/epoch"]
     rows = [[p.setup.backend, str(p.setup.parts), str(p.setup.intervals), f"{p.epoch_s:.4f}", f"{p.cost_usd:.3e}",

@@ -28,8 +28,9 @@ counts multiply-adds (``rows * in * out`` per product: forward, ``dW``, ``dX``),
 elements (``rows * in`` where a task regenerates a layer's dropout mask: its forward while
 training, and again in its backward), other element-wise work (an activation without dropout)
 and logits through softmax cross-entropy, each at its rate. A call waits for ``2 rtt``: its pulls
-go out together, then its pushes together. ``bytes(r)`` counts its input and output rows (static inputs too, but for the ``static_cached`` share of calls whose warm
-container served the same interval before: the handler keeps them, yet a call lands on any
+go out together, then its pushes together. ``bytes(r)`` counts its input and output rows (static
+inputs too, but for the ``static_cached`` share of calls whose warm container served the same
+interval before: the handler keeps them, yet a call lands on any
 idle container, and local runs show few hits) and its weights and gradient; ``waves = ceil(I /
 c)``. Gather runs at the
 narrow width because the plan does (DESIGN §2).
@@ -60,6 +61,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from dorylus.config import TrainConfig
 from dorylus.cost import DEFAULT_PRICES, Pricing, PriceTable, value
 from dorylus.errors import ConfigError
 from dorylus.plan.calibration import Rates
@@ -144,10 +146,10 @@ class Setup:
     evaluate: bool = True
     graph_servers_per_instance: int = 1  # GPUs per instance for the gpu backend
     static_cached: float = 0.0  # share of function calls whose warm container holds their static inputs
-    model: str = "gcn"
-    heads: int = 8  # gat: heads of every layer but the last, and of the last
-    out_heads: int = 1
-    attention_dropout: float = 0.0
+    model: str = TrainConfig.model
+    heads: int = TrainConfig.heads  # gat: heads of every layer but the last
+    out_heads: int = TrainConfig.out_heads  # gat: heads of the last layer
+    attention_dropout: float = TrainConfig.attention_dropout
 
     def __post_init__(self) -> None:
         checks = [(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}"),
@@ -302,8 +304,8 @@ def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: 
     seconds = products * heads * shape.nnz * head_width / rates.gather_per_s(FLOAT * head_width * rows)
     edges = shape.nnz * heads
     dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
-    return seconds + Work(elementwise=GAT_EDGE_PASSES[stage.kind] * edges,
-                          dropout=edges * (2 if stage.kind == "gather_backward" else 1) if dropout else 0.0).seconds(rates)
+    masks = (2 if stage.kind == "gather_backward" else 1) if dropout else 0  # drawn again backward
+    return seconds + Work(elementwise=GAT_EDGE_PASSES[stage.kind] * edges, dropout=masks * edges).seconds(rates)
 
 
 def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
@@ -313,15 +315,15 @@ def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
     return STATIC_ROW_BYTES[name] if name in STATIC_ROW_BYTES else FLOAT * widths[name]
 
 
-def call_bytes(stage, layer, widths: dict[str, int], features: int, rows: float, training: bool,
-               static_cached: float = 0.0, weight_size: int | None = None) -> float:
+def call_bytes(stage, weight_size: int, widths: dict[str, int], features: int, rows: float, training: bool,
+               static_cached: float = 0.0) -> float:
     """Bytes one function call of ``stage`` on ``rows`` rows moves: its input rows (static ones
     unless cached: a warm function keeps them when it serves the same interval again, which
-    happens for a ``static_cached`` share of calls) and output rows, the layer's weights, and
-    its gradient."""
+    happens for a ``static_cached`` share of calls) and output rows, the layer's weights
+    (``weight_size`` floats), and its gradient."""
     moved = sum(row_bytes(name, widths, features) * (1 - static_cached if name in STATIC_ROWS else 1)
                 for name in (*stage.reads, *stage.writes))
-    weights = FLOAT * (layer.in_dim * layer.out_dim if weight_size is None else weight_size)
+    weights = FLOAT * weight_size
     return rows * moved + (weights if stage.weights else 0) + (weights if stage.grad and training else 0)
 
 
@@ -353,7 +355,6 @@ class Prediction:
 
 
 def model_spec(shape: Shape, setup: Setup):
-    from dorylus.config import TrainConfig
     from dorylus.models.spec import ModelSpec
 
     config = TrainConfig(model=setup.model, layers=setup.layers, hidden=setup.hidden, heads=setup.heads,
@@ -412,8 +413,8 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 graph = True
             elif setup.backend == "lambda":
                 work = task_work(stage, layer, rows, training, setup.model)
-                moved = call_bytes(stage, layer, plan.widths, shape.features, rows, training, setup.static_cached,
-                                   weight_sizes[stage.layer])
+                moved = call_bytes(stage, weight_sizes[stage.layer], plan.widths, shape.features, rows, training,
+                                   setup.static_cached)
                 call = (env.invoke_s + env.call_s + CALL_ROUND_TRIPS * env.round_trip_s
                         + moved / env.call_link + work.seconds(env.function))
                 seconds = max(waves * call, I * moved / env.server_link)
@@ -422,7 +423,8 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 graph = False
             else:  # cpu, gpu: the model's compute in the graph server; weights and gradient over the network
                 messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
-                seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server) + waves * messages * env.round_trip_s
+                seconds = (task_work(stage, layer, n, training, setup.model).seconds(env.server)
+                           + waves * messages * env.round_trip_s)
                 graph = True  # the same machine as Gather: nothing to overlap
             seconds += env.stage_s
             key = stage.task.lower() + ("_eval" if pass_name == "eval" else "") + "_s"

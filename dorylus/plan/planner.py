@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dorylus.config import TrainConfig
 from dorylus.cost import DEFAULT_PRICES, default_graph_server_instance
 from dorylus.errors import ConfigError
 from dorylus.plan import environment
@@ -146,10 +147,10 @@ class LocalOptions:
     evaluate: bool = True
     cut_fraction: float = 0.5
     static_cached: float = 0.0
-    model: str = "gcn"
-    heads: int = 8
-    out_heads: int = 1
-    attention_dropout: float = 0.0
+    model: str = TrainConfig.model
+    heads: int = TrainConfig.heads
+    out_heads: int = TrainConfig.out_heads
+    attention_dropout: float = TrainConfig.attention_dropout
 
 
 def local_shape(dataset: str | None, partitions: str | None, parts: int | None, cut_fraction: float) -> Shape:
@@ -228,9 +229,9 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
                            graph_server_instance=c.get("graph_server_instance"),
                            param_server_instance=c["param_server_instance"],
                            mode="sync" if c.get("mode", "sync") == "sync" else "pipe",
-                           evaluate=c.get("eval_every", 1) == 1, model=c.get("model", "gcn"),
-                           heads=c.get("heads", 8), out_heads=c.get("out_heads", 1),
-                           attention_dropout=c.get("attention_dropout", 0.0))
+                           evaluate=c.get("eval_every", 1) == 1, model=c.get("model", TrainConfig.model),
+                           heads=c.get("heads", TrainConfig.heads), out_heads=c.get("out_heads", TrainConfig.out_heads),
+                           attention_dropout=c.get("attention_dropout", TrainConfig.attention_dropout))
     return options, local_shape(None, store, None, options.cut_fraction)
 
 
