@@ -18,6 +18,10 @@ rate                        measured as
 ``elementwise_per_s``       the same without dropout (evaluation: activation only)
 ``softmax_per_s``           logits per second of the model's own ``LOSS`` stage while training
                             (softmax cross-entropy, accuracy counts and the gradient)
+``attention_per_s``         edges x heads per second of GAT's edge work (scores per edge, the
+                            edge softmax; backward, their gradients): GAT's own Gather and
+                            backward Gather on a random graph, less their sparse products at
+                            the ``gather`` rate (:func:`attention_rates`); forward and backward
 ``loopback_bytes_per_s``    one ZeroMQ connection over 127.0.0.1, 4 MB messages, one way
 ``round_trip_s``            a small ZeroMQ request and reply over 127.0.0.1
 ``invoke_s``                a Lambda Invoke API call of an empty function through the local
@@ -54,7 +58,7 @@ import numpy as np
 
 from dorylus.errors import ConfigError, DorylusError
 
-FORMAT = 1
+FORMAT = 2  # 2: Rates gained attention_per_s
 
 
 class CalibrationError(DorylusError):
@@ -65,6 +69,18 @@ class CalibrationError(DorylusError):
 
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
+def curve_rate(curve: tuple[tuple[float, float], ...], operand_bytes: float) -> float:
+    """The rate of a ``(operand_bytes, rate)`` curve at ``operand_bytes``: piecewise linear in
+    ``log(bytes)`` between its points, the nearest end's rate outside them."""
+    if operand_bytes <= curve[0][0]:
+        return curve[0][1]
+    for (s0, r0), (s1, r1) in zip(curve, curve[1:]):
+        if operand_bytes <= s1:
+            t = (math.log(operand_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return r0 + t * (r1 - r0)
+    return curve[-1][1]
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,7 @@ class Rates:
     dropout_per_s: float      # elements per second, input preparation with dropout
     elementwise_per_s: float  # elements per second, without dropout
     softmax_per_s: float      # logits per second, softmax cross-entropy and its gradient
+    attention_per_s: tuple[float, float]  # edges x heads per second, GAT's edge work forward and backward
 
     def __post_init__(self) -> None:
         try:
@@ -90,21 +107,21 @@ class Rates:
             raise ValueError(f"gather must be [operand_bytes, rate] pairs of positive numbers, ascending in bytes, "
                              f"got {self.gather!r}")
         object.__setattr__(self, "gather", points)
+        try:
+            forward, backward = (float(rate) for rate in self.attention_per_s)
+        except (TypeError, ValueError):
+            forward = backward = -1.0
+        if not (_positive(forward) and _positive(backward)):
+            raise ValueError(f"attention_per_s must be [forward, backward] positive numbers, "
+                             f"got {self.attention_per_s!r}")
+        object.__setattr__(self, "attention_per_s", (forward, backward))
         for name in ("matmul_per_s", "dropout_per_s", "elementwise_per_s", "softmax_per_s"):
             if not _positive(getattr(self, name)):
                 raise ValueError(f"{name} must be a positive number, got {getattr(self, name)!r}")
 
     def gather_per_s(self, operand_bytes: float) -> float:
-        """The Gather rate at a dense operand of ``operand_bytes``: piecewise linear in
-        ``log(bytes)`` between the measured points, the nearest end's rate outside them."""
-        points = self.gather
-        if operand_bytes <= points[0][0]:
-            return points[0][1]
-        for (s0, r0), (s1, r1) in zip(points, points[1:]):
-            if operand_bytes <= s1:
-                t = (math.log(operand_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
-                return r0 + t * (r1 - r0)
-        return points[-1][1]
+        """The Gather rate at a dense operand of ``operand_bytes`` (:func:`curve_rate`)."""
+        return curve_rate(self.gather, operand_bytes)
 
     def scaled(self, factor: float, gather: float | None = None, matmul: float | None = None) -> "Rates":
         """Every rate times ``factor`` (or Gather's and element-wise ones times ``gather``, and
@@ -113,7 +130,8 @@ class Rates:
         m = factor if matmul is None else matmul
         return Rates(gather=tuple((size, rate * g) for size, rate in self.gather), matmul_per_s=self.matmul_per_s * m,
                      dropout_per_s=self.dropout_per_s * g, elementwise_per_s=self.elementwise_per_s * g,
-                     softmax_per_s=self.softmax_per_s * g)
+                     softmax_per_s=self.softmax_per_s * g,
+                     attention_per_s=tuple(rate * g for rate in self.attention_per_s))
 
 
 @dataclass(frozen=True)
@@ -243,6 +261,47 @@ def gather_curve(device: str = "cpu", rows: int = 40_000, nnz: int = 1_000_000,
     return tuple(curve)
 
 
+ATTENTION_HEADS, ATTENTION_WIDTH = 8, 8  # GAT's default hidden layer: 8 heads of 8
+MIN_EDGE_SHARE = 0.1  # the edge work's least share of a measured Gather (if the products' estimate is high)
+
+
+def attention_rates(gather: tuple[tuple[float, float], ...], device: str = "cpu", rows: int = 40_000,
+                    nnz: int = 1_000_000, seed: int = 0) -> tuple[float, float]:
+    """Edges x heads per second of GAT's edge work, forward and backward: GAT's own Gather and
+    backward Gather (:func:`dorylus.models.gat.gather_torch`) on ``device`` over a random graph of
+    ``rows`` rows and ``nnz`` in-edges, :data:`ATTENTION_HEADS` heads of :data:`ATTENTION_WIDTH`,
+    less their sparse products (one per head forward, two backward) at the ``gather`` curve's
+    rate, as :func:`dorylus.plan.model.gather_seconds` prices them."""
+    import torch
+
+    from dorylus.models import gat
+    from dorylus.models.graph import CsrGraph
+
+    rng = np.random.default_rng(seed)
+    indptr = np.linspace(0, nnz, rows + 1).astype(np.int64)
+    indices = rng.integers(0, rows, nnz, dtype=np.int64)
+    graph = CsrGraph(indptr, indices, np.ones(nnz, np.float32), rows, np.arange(rows), np.arange(rows), device=device)
+    width = ATTENTION_HEADS * ATTENTION_WIDTH
+    projected, grad_out = (torch.from_numpy(rng.standard_normal((rows, width), dtype=np.float32)).to(device)
+                           for _ in range(2))
+    scores = torch.from_numpy(rng.standard_normal((rows, 2 * ATTENTION_HEADS), dtype=np.float32)).to(device)
+    args = {"heads": ATTENTION_HEADS, "concat": True, "attention_dropout": 0.0, "training": True, "seed": 0,
+            "epoch": 1}
+
+    def synchronized(run: Callable[[], object]) -> Callable[[], object]:
+        return run if device == "cpu" else lambda: (run(), torch.cuda.synchronize())
+
+    forward = _median_s(synchronized(lambda: gat.gather_torch("GA", 1, graph, (0, rows), [projected, scores], args)),
+                        repeats=3)
+    backward = _median_s(synchronized(lambda: gat.gather_backward_torch("GA_BWD", 1, graph,
+                                                                        [grad_out, projected, scores], args)),
+                         repeats=3)
+    one_product = nnz * ATTENTION_WIDTH / curve_rate(gather, 4 * ATTENTION_WIDTH * rows)  # float32 rows
+    edges = nnz * ATTENTION_HEADS
+    return tuple(edges / max(seconds - products * ATTENTION_HEADS * one_product, MIN_EDGE_SHARE * seconds)
+                 for seconds, products in ((forward, 1), (backward, 2)))
+
+
 MATMUL_SHAPES = ((32_000, 128, 16), (20_000, 602, 128), (32_000, 16, 16))  # rows, in, out
 
 
@@ -325,8 +384,9 @@ def gpu_elementwise_rates(device: str, rows: int = 1_000_000, width: int = 128) 
 def cpu_rates() -> Rates:
     """This thread's CPU rates (call in a one-thread process: :func:`measure_cpu`)."""
     dropout, plain = prepare_rates()
-    return Rates(gather=gather_curve("cpu"), matmul_per_s=matmul_rate("cpu"), dropout_per_s=dropout,
-                 elementwise_per_s=plain, softmax_per_s=softmax_rate())
+    gather = gather_curve("cpu")
+    return Rates(gather=gather, matmul_per_s=matmul_rate("cpu"), dropout_per_s=dropout, elementwise_per_s=plain,
+                 softmax_per_s=softmax_rate(), attention_per_s=attention_rates(gather))
 
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -435,9 +495,10 @@ def gpu_rates() -> tuple[Rates, str] | None:
         return None
     device = "cuda"
     dropout, plain, softmax = gpu_elementwise_rates(device)
-    rates = Rates(gather=gather_curve(device, rows=400_000, nnz=20_000_000, operand_mb=(16, 256, 2048)),
-                  matmul_per_s=matmul_rate(device), dropout_per_s=dropout, elementwise_per_s=plain,
-                  softmax_per_s=softmax)
+    gather = gather_curve(device, rows=400_000, nnz=20_000_000, operand_mb=(16, 256, 2048))
+    rates = Rates(gather=gather, matmul_per_s=matmul_rate(device), dropout_per_s=dropout, elementwise_per_s=plain,
+                  softmax_per_s=softmax,
+                  attention_per_s=attention_rates(gather, device, rows=400_000, nnz=20_000_000))
     return rates, torch.cuda.get_device_name(0)
 
 
@@ -456,12 +517,13 @@ def measure(progress: Callable[[str], None] = lambda message: None, emulator: bo
     """Calibrate this machine (about 30 s): CPU rates, loopback, invoke overhead (unless
     ``emulator`` is False), the GPU's rates when CUDA is present, and (``runtime``) the
     runtime's cost per stage and call from training a tiny graph."""
-    progress("calibrating CPU rates (one thread: Gather, matmul, dropout) ...")
+    progress("calibrating CPU rates (one thread: Gather, matmul, dropout, GAT's edge work) ...")
     cpu = measure_cpu()
     curve = ", ".join(f"{rate:.3g} at {size / 2 ** 20:.0f} MB" for size, rate in cpu.gather)
     progress(f"  gather {curve} (entries x width/s), matmul {cpu.matmul_per_s:.3g} MAC/s, "
              f"dropout {cpu.dropout_per_s:.3g} elements/s, without {cpu.elementwise_per_s:.3g}, "
-             f"softmax {cpu.softmax_per_s:.3g} logits/s")
+             f"softmax {cpu.softmax_per_s:.3g} logits/s, attention {cpu.attention_per_s[0]:.3g} and "
+             f"{cpu.attention_per_s[1]:.3g} edges x heads/s forward and backward")
     progress("calibrating ZeroMQ loopback ...")
     bandwidth, round_trip = zmq_loopback()
     progress(f"  {bandwidth / 1e9:.2f} GB/s, round trip {round_trip * 1e6:.0f} us")

@@ -40,9 +40,14 @@ NETWORK_LATENCY_S = 100e-6  # one round trip between instances in one availabili
 # A_hat (114,848,857 entries) at width 128 took 13.4 ms. Matmul at half the H100's float32 peak
 # (67 TFLOPS = 33.5e12 multiply-adds/s); element-wise work at 70% of its 3,350 GB/s moving 8
 # bytes per element (read and write float32), dropout at half that (the mask's bits as well),
-# softmax cross-entropy with its gradient at a quarter (four passes over the logits).
+# softmax cross-entropy with its gradient at a quarter (four passes over the logits), and GAT's
+# edge work as element-wise passes over the edges (ATTENTION_PASSES).
 ANCHOR_GPU = "H100"
 REDDIT_NNZ = 114_848_857
+# Forward: the scores' sum, leaky ReLU, the row maximum, exp, the row sum and the division, and
+# one more for the index gathers; backward, that again (recomputed) and the softmax's and the
+# scores' gradients.
+ATTENTION_PASSES = (7, 7 + 8)
 
 
 def anchor_gpu_rates() -> Rates:
@@ -51,7 +56,8 @@ def anchor_gpu_rates() -> Rates:
     elementwise = 0.7 * gpu.memory_gb_per_s * 1e9 / 8
     operand = 4 * 128 * 232_965  # bytes of synthetic-reddit's rows at width 128
     return Rates(gather=((operand, REDDIT_NNZ * 128 / 13.4e-3),), matmul_per_s=0.5 * gpu.fp32_tflops * 1e12 / 2,
-                 dropout_per_s=elementwise / 2, elementwise_per_s=elementwise, softmax_per_s=elementwise / 4)
+                 dropout_per_s=elementwise / 2, elementwise_per_s=elementwise, softmax_per_s=elementwise / 4,
+                 attention_per_s=tuple(elementwise / passes for passes in ATTENTION_PASSES))
 
 
 def gpu_rates(gpu: Gpu, calibration: Calibration) -> tuple[Rates, str]:

@@ -283,10 +283,6 @@ def _gat_work(task: str, args: dict, layer, rows: float, training: bool, prepare
 
 
 STAGE_WORK = {"gcn": _gcn_work, "sage": _sage_work, "gat": _gat_work}
-# GAT's edge work per edge and head, as element-wise passes: forward, the scores' sum, leaky
-# ReLU, the row maximum, exp, the row sum and the division (the edge softmax); backward, that
-# again (recomputed) and the softmax's and the scores' gradients.
-GAT_EDGE_PASSES = {"gather": 7, "gather_backward": 7 + 8}
 
 
 def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool) -> float:
@@ -294,18 +290,19 @@ def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: 
     one sparse product at ``width`` (forward: ``nnz`` entries over [owned; ghost] rows;
     backward: the transpose, over the owned rows' gradients: a smaller operand, so more of it in
     the caches); GAT one product per head at the head's width (twice backward: the weighted sum's
-    gradient and the attention's) plus its edge work (:data:`GAT_EDGE_PASSES`, and attention
-    dropout's mask while training)."""
+    gradient and the attention's) plus its edge work on ``nnz x heads`` (``attention_per_s``,
+    and attention dropout's mask while training)."""
     rows = shape.owned + (shape.ghosts if stage.kind == "gather" else 0)
     if model != "gat":
         return shape.nnz * width / rates.gather_per_s(FLOAT * width * rows)
     heads, head_width = layer.heads, layer.out_dim
-    products = 1 if stage.kind == "gather" else 2
+    forward = stage.kind == "gather"
+    products = 1 if forward else 2
     seconds = products * heads * shape.nnz * head_width / rates.gather_per_s(FLOAT * head_width * rows)
     edges = shape.nnz * heads
     dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
-    masks = (2 if stage.kind == "gather_backward" else 1) if dropout else 0  # drawn again backward
-    return seconds + Work(elementwise=GAT_EDGE_PASSES[stage.kind] * edges, dropout=masks * edges).seconds(rates)
+    masks = (1 if forward else 2) if dropout else 0  # drawn again backward
+    return seconds + edges / rates.attention_per_s[0 if forward else 1] + Work(dropout=masks * edges).seconds(rates)
 
 
 def row_bytes(name: str, widths: dict[str, int], features: int) -> int:

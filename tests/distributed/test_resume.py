@@ -23,9 +23,10 @@ from tests.conftest import CORA
 from tests.processes import alive, children_of, cmdline, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
-EPOCHS = 60
+EPOCHS = 30
+CHECKPOINT_EVERY = 5
 TRAIN = ["--dataset", str(CORA), "--backend", "lambda", "--parts", "2", "--epochs", str(EPOCHS),
-         "--checkpoint-every", "10"]
+         "--checkpoint-every", str(CHECKPOINT_EVERY)]
 
 
 def dorylus(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -101,7 +102,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
 ])
 def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training, tmp_path, victim):
     run = tmp_path / "run"
-    kill_at = random.Random(victim).randint(12, EPOCHS - 8)
+    kill_at = random.Random(victim).randint(2 * CHECKPOINT_EVERY, EPOCHS - 6)
     t = training(*TRAIN, "--run-dir", str(run))
     t.wait_for_epoch(run, kill_at)
     target = {"graph server": lambda: t.role(b"graphserver.server"),
@@ -114,7 +115,7 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training
     if victim == "coordinator":
         assert code == -signal.SIGKILL
         saved = torch_epoch(run)
-        assert saved % 10 == 0 and saved <= kill_at + 1  # the last periodic checkpoint
+        assert saved % CHECKPOINT_EVERY == 0 and saved <= kill_at + 1  # the last periodic checkpoint
     else:
         assert code == 1, output
         assert f"dorylus train --resume {run}" in output  # the exact command to continue

@@ -12,10 +12,9 @@ import pytest
 from dorylus.errors import ConfigError
 from dorylus.plan import calibration as cal_module
 from dorylus.plan import runtime
-from dorylus.plan.calibration import Calibration, Rates
+from dorylus.plan.calibration import Calibration
+from tests.plan.handmade import RATES
 
-RATES = Rates(gather=((1e6, 2e9), (1e8, 1e9)), matmul_per_s=4e10, dropout_per_s=1e8, elementwise_per_s=2e9,
-              softmax_per_s=1e8)
 CAL = Calibration(host="test", cores=2, measured_at="2025-01-01T00:00:00", cpu=RATES, loopback_bytes_per_s=2e9,
                   round_trip_s=5e-5, invoke_s=1e-3, stage_s=0.002, call_s=0.01)
 
@@ -32,7 +31,7 @@ def test_save_and_load_round_trip(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("{", "is not valid JSON"),
     ("[]", "expected a JSON object"),
-    ('{"format": 99}', "format must be 1"),
+    ('{"format": 99}', "format must be 2"),
     (None, "round_trip_s must be a positive number"),
     (None, "cpu: .*unexpected keyword"),
     (None, "gather must be"),
@@ -64,6 +63,26 @@ def test_kernel_rates_are_measured_on_this_machine():
     assert cal_module.softmax_rate(rows=2_000) > 1e5
     bandwidth, round_trip = cal_module.zmq_loopback(message_bytes=1 << 20, messages=3, pings=20)
     assert bandwidth > 1e7 and 0 < round_trip < 0.1
+
+
+def test_attention_rates_are_the_gather_less_its_products(monkeypatch):
+    # One product (1e6 entries x width 8) at 8e8/s takes 0.01 s; 8 heads: 0.08 s forward, 0.16 backward.
+    timed = iter([1.08, 0.66])  # so the edge work takes 1.0 s and 0.5 s
+    monkeypatch.setattr(cal_module, "_median_s", lambda run, repeats=5: next(timed))
+    curve = ((1.0, 8e8),)
+    forward, backward = cal_module.attention_rates(curve, rows=1_000, nnz=1_000_000)
+    assert forward == pytest.approx(8e6 / 1.0) and backward == pytest.approx(8e6 / 0.5)
+    # Products priced above the measured time leave the edge work its least share, never <= 0.
+    timed = iter([0.05, 0.1])
+    forward, backward = cal_module.attention_rates(curve, rows=1_000, nnz=1_000_000)
+    assert forward == pytest.approx(8e6 / (cal_module.MIN_EDGE_SHARE * 0.05))
+    assert backward == pytest.approx(8e6 / (cal_module.MIN_EDGE_SHARE * 0.1))
+
+
+def test_attention_rates_are_measured_on_this_machine():
+    forward, backward = cal_module.attention_rates(cal_module.gather_curve(rows=2_000, nnz=50_000, operand_mb=(1,)),
+                                                   rows=2_000, nnz=50_000)
+    assert forward > 1e5 and backward > 1e5
 
 
 def test_measure_without_emulator_or_runtime(monkeypatch):

@@ -12,13 +12,12 @@ import pytest
 from dorylus.cli import main
 from dorylus.config import TrainConfig
 from dorylus.plan import command
-from dorylus.plan.calibration import Calibration, Rates
+from dorylus.plan.calibration import Calibration
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
 from tests.graphs import random_graph
+from tests.plan.handmade import RATES
 
-RATES = Rates(gather=((1e6, 2e9), (1e8, 1e9)), matmul_per_s=4e10, dropout_per_s=1e8, elementwise_per_s=2e9,
-              softmax_per_s=1e8)
 CAL = Calibration(host="test host", cores=2, measured_at="2025-01-01T00:00:00", cpu=RATES,
                   loopback_bytes_per_s=2e9, round_trip_s=5e-5, invoke_s=1e-3, stage_s=0.002, call_s=0.01)
 

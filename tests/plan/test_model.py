@@ -14,9 +14,8 @@ from dorylus.plan.calibration import Calibration, Rates
 from dorylus.plan.catalog import GPUS, WORKLOADS, instance
 from dorylus.plan.model import Setup, even_shape, ghost_rows, model_plan, predict, server_memory_bytes, task_work
 from dorylus.plan.planner import ScaleOptions, fit_parts, plan_scale
+from tests.plan.handmade import RATES
 
-RATES = Rates(gather=((1e6, 2e9), (1e8, 1e9)), matmul_per_s=4e10, dropout_per_s=1e8, elementwise_per_s=2e9,
-              softmax_per_s=1e8)
 CAL = Calibration(host="test", cores=2, measured_at="2025-01-01T00:00:00", cpu=RATES, loopback_bytes_per_s=2e9,
                   round_trip_s=5e-5, invoke_s=1e-3)
 SHAPE = even_shape(vertices=64_000, edges=1_000_000, features=128, classes=16, parts=2, cut_fraction=0.3)
@@ -37,7 +36,9 @@ def test_gather_rate_interpolates_in_log_bytes():
     assert RATES.gather_per_s(1e5) == 2e9 and RATES.gather_per_s(1e9) == 1e9  # the ends outside
     assert RATES.gather_per_s(1e7) == pytest.approx(1.5e9)  # halfway in log(bytes)
     with pytest.raises(ValueError, match="ascending in bytes"):
-        Rates(gather=((2.0, 1.0), (1.0, 1.0)), matmul_per_s=1, dropout_per_s=1, elementwise_per_s=1, softmax_per_s=1)
+        dataclasses.replace(RATES, gather=((2.0, 1.0), (1.0, 1.0)))
+    with pytest.raises(ValueError, match="attention_per_s must be"):
+        dataclasses.replace(RATES, attention_per_s=(1.0,))
 
 
 def test_doubling_the_gather_rate_halves_gather_time():
@@ -183,18 +184,20 @@ def test_sage_and_gat_stages_count_their_products():
 
 
 def test_gat_gather_is_a_product_per_head_and_its_edge_work():
-    from dorylus.plan.model import GAT_EDGE_PASSES, gather_seconds
+    from dorylus.plan.model import gather_seconds
 
-    s = setup(model="gat", hidden=8, heads=4, parts=1)
+    s = setup(model="gat", hidden=8, heads=4, parts=1, attention_dropout=0.5)
     shape = dataclasses.replace(SHAPE, parts=1, ghosts=0, send=0)
     spec, plan = model_plan(shape, s)
     layer0 = spec.layers[0]
-    for kind, products in (("gather", 1), ("gather_backward", 2)):
+    for kind, products, edge_rate, masks in (("gather", 1, 3e8, 1), ("gather_backward", 2, 1e8, 2)):
         stage = next(st for st in plan.train if st.kind == kind and st.layer == 0)
-        seconds = gather_seconds(stage, layer0, "gat", plan.widths[stage.reads[0]], shape, RATES, True)
         product = products * 4 * shape.nnz * 8 / RATES.gather_per_s(4 * 8 * shape.owned)
-        edges = GAT_EDGE_PASSES[kind] * shape.nnz * 4 / RATES.elementwise_per_s
-        assert seconds == pytest.approx(product + edges), kind
+        edges = shape.nnz * 4 / edge_rate
+        mask = masks * shape.nnz * 4 / RATES.dropout_per_s  # attention dropout, while training only
+        for training, expected in ((True, product + edges + mask), (False, product + edges)):
+            seconds = gather_seconds(stage, layer0, "gat", plan.widths[stage.reads[0]], shape, RATES, training)
+            assert seconds == pytest.approx(expected), (kind, training)
 
 
 def test_ghost_rows_of_a_partition():
