@@ -95,11 +95,11 @@ def test_measure_without_emulator_or_runtime(monkeypatch):
 
 def test_runtime_costs_are_solved_from_measured_runs(monkeypatch):
     # Truth: work takes 2x its kernels' time, 3 ms per stage, 5 ms more per function call.
-    model = {"tiny-cpu": (0.01, 10, 4), "small-cpu": (0.1, 10, 4), "small-lambda": (0.2, 10, 4)}
+    model = {"tiny-cpu": (0.01, 10, 4), "medium-cpu": (0.1, 10, 4), "medium-lambda": (0.2, 10, 4)}
     measured = {key: 2 * w + s * 0.003 + (f * 0.005 if key.endswith("lambda") else 0)
                 for key, (w, s, f) in model.items()}
     monkeypatch.setattr(runtime, "tiny_dataset", lambda: types.SimpleNamespace(name="tiny", num_nodes=1))
-    monkeypatch.setattr(runtime, "small_dataset", lambda: types.SimpleNamespace(name="small", num_nodes=2))
+    monkeypatch.setattr(runtime, "medium_dataset", lambda: types.SimpleNamespace(name="medium", num_nodes=2))
     monkeypatch.setattr(runtime, "measured_run", lambda backend, dataset, run_dir: measured[run_dir.name])
     monkeypatch.setattr(runtime, "modelled", lambda run_dir, backend, calibration: model[run_dir.name])
     solved = runtime.overheads(CAL)
