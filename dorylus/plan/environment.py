@@ -8,7 +8,9 @@ they saturate memory bandwidth; an assumption, not a measurement):
 * local: every role is a process on this machine's ``cores``. A graph server gets ``cores //
   parts`` threads (as :class:`dorylus.coordinator.LocalCluster` gives it), or a ``cores /
   parts`` share when there are more servers than cores; the emulator's functions share the
-  cores with each other (``parts * functions`` calls at once); links are the ZeroMQ loopback
+  cores with each other (``parts * functions`` calls at once); the graph servers gather at once
+  through one last-level cache, so each Gather is priced at the operands of all of them
+  (``cache_sharers``); links are the ZeroMQ loopback
   and the invoke latency is the emulator's; work and transfers take ``contention`` times as long
   as their kernels alone, and the runtime costs ``stage_s`` per stage and ``call_s`` per call,
   all as calibrated (:mod:`dorylus.plan.runtime`).
@@ -97,7 +99,8 @@ def local(calibration: Calibration, setup: Setup) -> Environment:
         server = calibration.cpu.scaled(cores_factor(threads) / slow)
     link = calibration.loopback_bytes_per_s / slow
     env = Environment(server=server, ghost_link=link, server_link=link, round_trip_s=calibration.round_trip_s * slow,
-                      stage_s=calibration.stage_s, where=f"this machine ({calibration.host}, {cores} cores)")
+                      stage_s=calibration.stage_s, cache_sharers=parts,
+                      where=f"this machine ({calibration.host}, {cores} cores)")
     if setup.backend != "lambda":
         return env
     if calibration.invoke_s is None:

@@ -12,9 +12,9 @@ per server, and rates (:class:`~dorylus.plan.calibration.Rates`) scaled to where
 ==================  ===========================================================================
 stage               seconds
 ==================  ===========================================================================
-GATHER (width w)    ``m w / gather(4 w (n + g))``, plus the ghost exchange
+GATHER (width w)    ``m w / gather(4 w (n + g) h)``, plus the ghost exchange
                     ``4 w max(g, s) / ghost_link + rtt`` when P > 1
-GATHER_BACKWARD     ``m w / gather(4 w n)`` (the transpose reads the owned rows' gradients),
+GATHER_BACKWARD     ``m w / gather(4 w n h)`` (the transpose reads the owned rows' gradients),
                     plus the ghost exchange (contributions go back)
 VERTEX              ``work(n) / server``
 FUNCTION, cpu/gpu   ``work(n) / server + waves * k' * rtt`` (``k'``: weights pulled, gradient pushed)
@@ -23,7 +23,9 @@ FUNCTION, lambda    ``max(waves * call, I * bytes(r) / server_link)`` with
 ==================  ===========================================================================
 
 plus ``stage_s``, the runtime's own cost of a stage. ``gather(size)`` is the Gather rate at a
-dense operand of that many bytes (sparse products slow down out of the caches). ``work(rows)``
+dense operand of that many bytes (sparse products slow down out of the caches); ``h`` is the
+number of graph servers sharing a last-level cache (a local cluster's ``P``; one on AWS), whose
+operands add up in it. ``work(rows)``
 counts multiply-adds (``rows * in * out`` per product: forward, ``dW``, ``dX``), dropout
 elements (``rows * in`` where a task regenerates a layer's dropout mask: its forward while
 training, and again in its backward), other element-wise work (an activation without dropout)
@@ -177,7 +179,8 @@ class Environment:
     server's network for its functions' traffic, ``call_link`` one call's own, all bytes/s;
     ``round_trip_s`` a small request and reply; ``invoke_s`` the Invoke API's latency per call
     (not billed); ``stage_s`` and ``call_s`` the runtime's own cost per stage and per function
-    call (:mod:`dorylus.plan.runtime`)."""
+    call (:mod:`dorylus.plan.runtime`); ``cache_sharers`` the graph servers whose Gathers share
+    one last-level cache (all of a local cluster's: their operands add up there)."""
 
     server: Rates
     ghost_link: float
@@ -188,6 +191,7 @@ class Environment:
     invoke_s: float | None = None
     stage_s: float = 0.0
     call_s: float = 0.0
+    cache_sharers: int = 1
     where: str = ""
 
 
@@ -285,20 +289,26 @@ def _gat_work(task: str, args: dict, layer, rows: float, training: bool, prepare
 STAGE_WORK = {"gcn": _gcn_work, "sage": _sage_work, "gat": _gat_work}
 
 
-def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool) -> float:
+def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool,
+                   cache_sharers: int = 1) -> float:
     """One Gather or backward Gather of the largest partition, its kernels alone: GCN and SAGE
     one sparse product at ``width`` (forward: ``nnz`` entries over [owned; ghost] rows;
     backward: the transpose, over the owned rows' gradients: a smaller operand, so more of it in
     the caches); GAT one product per head at the head's width (twice backward: the weighted sum's
     gradient and the attention's) plus its edge work on ``nnz x heads`` (``attention_per_s``,
-    and attention dropout's mask while training)."""
+    and attention dropout's mask while training). The rate is the Gather curve's at the operand
+    times ``cache_sharers``: graph servers gathering at once on one machine share its cache."""
     rows = shape.owned + (shape.ghosts if stage.kind == "gather" else 0)
+
+    def rate(row_width: int) -> float:
+        return rates.gather_per_s(cache_sharers * FLOAT * row_width * rows)
+
     if model != "gat":
-        return shape.nnz * width / rates.gather_per_s(FLOAT * width * rows)
+        return shape.nnz * width / rate(width)
     heads, head_width = layer.heads, layer.out_dim
     forward = stage.kind == "gather"
     products = 1 if forward else 2
-    seconds = products * heads * shape.nnz * head_width / rates.gather_per_s(FLOAT * head_width * rows)
+    seconds = products * heads * shape.nnz * head_width / rate(head_width)
     edges = shape.nnz * heads
     dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
     masks = (1 if forward else 2) if dropout else 0  # drawn again backward
@@ -399,7 +409,8 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             layer = layers[stage.layer]
             if stage.kind in ("gather", "gather_backward"):
                 width = plan.widths[stage.reads[0]]
-                seconds = gather_seconds(stage, layer, setup.model, width, shape, env.server, training)
+                seconds = gather_seconds(stage, layer, setup.model, width, shape, env.server, training,
+                                         env.cache_sharers)
                 if shape.parts > 1:  # the ghost rows of what Gather reads, or the contributions back
                     exchanged = sum(plan.widths[name] for name in (stage.reads if stage.kind == "gather"
                                                                    else stage.writes))

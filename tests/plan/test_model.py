@@ -68,6 +68,26 @@ def test_gather_time_is_entries_times_width_over_rate():
     assert two.task_s["ga_s"] == pytest.approx(expected / (1 + environment.PARALLEL_EFFICIENCY))
 
 
+def test_local_graph_servers_share_the_cache():
+    """A local cluster's P graph servers gather at once through one cache: each Gather at the
+    rate of P times its operand; on AWS each server has its own machine."""
+    s = setup(parts=2, graph_servers_per_instance=1)
+    shape = dataclasses.replace(SHAPE, ghosts=0, send=0)
+    one_thread = dataclasses.replace(CAL, cores=2)  # 2 cores for 2 servers: one thread each
+    env = environment.local(one_thread, s)
+    assert env.cache_sharers == 2 and environment.aws(CAL, s).cache_sharers == 1
+    _, plan = model_plan(shape, s)
+    widths = [plan.widths[st.reads[0]] for st in plan.train if st.task == "GA"]
+
+    def expected(sharers: int) -> float:  # no ghost rows: each exchange is one round trip
+        return sum(shape.nnz * w / RATES.gather_per_s(sharers * 4 * w * shape.owned) + env.round_trip_s
+                   for w in widths)
+
+    assert predict(shape, s, env).task_s["ga_s"] == pytest.approx(expected(2))
+    assert predict(shape, s, dataclasses.replace(env, cache_sharers=1)).task_s["ga_s"] == pytest.approx(expected(1))
+    assert expected(2) > expected(1)  # the curve falls there, so the check can fail
+
+
 def test_backward_gather_reads_the_owned_rows_only():
     """Gather's operand is [owned; ghost] rows, its transpose's the owned rows' gradients: with
     as many ghosts as owned rows, twice the bytes, at the rate for that size."""
