@@ -24,7 +24,6 @@ Prints a table and writes ``benchmarks/results/accuracy.json`` (``--output``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import os
 import statistics

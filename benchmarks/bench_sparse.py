@@ -53,7 +53,6 @@ from dorylus.data.synthetic import SyntheticSpec, generate
 from dorylus.models import gcn
 from dorylus.models.sparse import SparseRows
 from dorylus.models.spec import ModelSpec
-from dorylus.normalize import row_normalize
 from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,9 +25,8 @@ import pytest
 import zmq
 
 from dorylus import cli, packaging, protocol
-from dorylus.errors import ConfigError
 from dorylus.packaging import BundleError, Target, build_bundle, select_wheels, walk_imports
-from dorylus.protocol import Header, Op
+from dorylus.protocol import Op
 
 
 def make_wheel(directory: Path, filename: str, members: dict[str, str]) -> Path:

@@ -14,7 +14,6 @@ nothing). Loss values are compared to 1e-5 relative (DESIGN §2). Never bit equa
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 
 import numpy as np
@@ -28,7 +27,6 @@ from dorylus.models import gcn
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, STATIC, VERTEX, Stage
 from dorylus.models.gcn import build_plan, compute, projects_first
 from dorylus.models.ops import TEST, TRAIN, VAL, encode_split
-from dorylus.models import gcn
 from dorylus.models.reference import ReferenceModel, masked_loss, whole_graph
 from tests.models.interpreter import Interpreter
 from dorylus.models.spec import LayerSpec, ModelSpec

@@ -10,7 +10,7 @@ import pytest
 from dorylus.cost import DEFAULT_PRICES
 from dorylus.errors import ConfigError
 from dorylus.plan import environment
-from dorylus.plan.calibration import Calibration, Rates
+from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import GPUS, WORKLOADS, instance
 from dorylus.plan.model import Setup, even_shape, ghost_rows, model_plan, predict, server_memory_bytes, task_work
 from dorylus.plan.planner import ScaleOptions, fit_parts, plan_scale
