@@ -53,12 +53,12 @@ def medium_dataset():
     fit's ``contention`` moves less with the milliseconds by which epochs vary on a loaded
     machine: four back-to-back fits gave 1.00-1.11 on it, 1.00-1.44 on ``synthetic-small`` (``W``
     35 of 65-80 ms). Its own size, so that neither preset the planner is checked against
-    (synthetic-1m, synthetic-reddit) is the one its runtime costs were fitted on."""
-    from dorylus.data.synthetic import SyntheticSpec, generate
+    (synthetic-1m, synthetic-reddit) is the one its runtime costs were fitted on; otherwise
+    synthetic-1m's recipe."""
+    from dorylus.data.synthetic import PRESETS, generate
 
-    return generate(SyntheticSpec(num_nodes=48_000, num_edges=800_000, num_features=128, num_classes=16,
-                                  homophily=0.65, degree_exponent=2.5, feature_snr=0.3, train_fraction=0.05,
-                                  val_fraction=0.1, test_fraction=0.3, name="plan-medium"), seed=0)
+    spec = dataclasses.replace(PRESETS["synthetic-1m"], num_nodes=48_000, num_edges=800_000, name="plan-medium")
+    return generate(spec, seed=0)
 
 
 def measured_run(backend: str, dataset, run_dir: Path, epochs: int = EPOCHS) -> float:
