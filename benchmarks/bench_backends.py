@@ -24,7 +24,7 @@ the reference's to ``--tolerance`` relative (default 1e-5); the check is printed
 
     python benchmarks/bench_backends.py
     python benchmarks/bench_backends.py --dataset synthetic-small --parts 4 --intervals 3 --epochs 20
-    python benchmarks/bench_backends.py --dataset /work/shared/data/cora.npz --backends reference,cpu
+    python benchmarks/bench_backends.py --dataset ../shared/data/cora.npz --backends reference,cpu
 
 Prints a table and writes ``benchmarks/results/backends-<dataset>.json`` (``--output``).
 Runs on a shared machine are noisy: the load average before and after is printed and stored.

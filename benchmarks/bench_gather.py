@@ -25,7 +25,7 @@ kernel ms / ``torch.sparse.mm`` CSR ms (> 1: slower).
 
     python benchmarks/bench_gather.py
     python benchmarks/bench_gather.py --widths 16,64,128,602 --threads 1
-    python benchmarks/bench_gather.py --dataset /work/shared/data/cora.npz --parts 4 --part 3
+    python benchmarks/bench_gather.py --dataset ../shared/data/cora.npz --parts 4 --part 3
 
 Prints a table and writes ``benchmarks/results/gather.json`` (``--output``).
 """

@@ -32,7 +32,7 @@ from dorylus.data.graph import GraphDataset
 from dorylus.partition import METHODS, assign_parts, format_stats, open_store, partition_stats, write_store
 from common import status_kb
 
-CORA = Path("/work/shared/data/cora.npz")
+CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz"  # ../shared/data beside the checkout
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -56,7 +56,7 @@ from dorylus.models.spec import ModelSpec
 from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, summarize
 from common import positive_int, write_json
 
-CORA = Path("/work/shared/data/cora.npz")
+CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz"  # ../shared/data beside the checkout
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DATASETS = "cora,synthetic-small,synthetic-1m"
 PARITY_TOLERANCE = 1e-4  # max |logit difference| at init; float32 sums in a different order

@@ -1,8 +1,12 @@
-"""Small hand-built graphs shared by the tests."""
+"""Small hand-built graphs shared by the tests, and the one way tests find shared data files."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from dorylus.data.graph import GraphDataset
 
@@ -21,3 +25,27 @@ def random_graph(num_nodes: int = 30, num_edges: int = 80, num_features: int = 5
         features=rng.standard_normal((num_nodes, num_features)).astype(np.float32), labels=labels,
         train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=num_classes, directed=directed,
     ).validate()
+
+
+# ../shared/data beside the checkout (the checkout is this file's parents[1]). Never an absolute path.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def in_ci() -> bool:
+    """True when ``CI`` says so (``CI=true``, as GitHub Actions and most CI systems set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def shared_data(name: str) -> Path:
+    """The path of ``../shared/data/<name>``, relative to the checkout.
+
+    When the file is missing, the test is skipped with the reason, except in CI (``CI=true``),
+    where a missing data file fails the test: CI must not pass by skipping the real-data cases.
+    """
+    path = SHARED_DATA / name
+    if not path.is_file():
+        why = f"shared test data ../shared/data/{name} is missing (looked for {path})"
+        if in_ci():
+            pytest.fail(f"{why}; CI=true, so this is a failure, not a skip: put the file there", pytrace=False)
+        pytest.skip(why)
+    return path

@@ -24,8 +24,7 @@ from dorylus.data.loaders import (
     save_npz,
 )
 from dorylus.errors import DatasetError
-
-CORA = Path("/work/shared/data/cora.npz")
+from tests.graphs import shared_data
 
 
 def small_arrays() -> dict:
@@ -199,9 +198,7 @@ def test_load_npz_rejects_bad_content_naming_file(tmp_path, overrides, problem):
 
 
 def test_cora_loads_with_known_statistics():
-    if not CORA.is_file():
-        pytest.skip(f"{CORA} is absent on this machine")
-    cora = load_npz(CORA)
+    cora = load_npz(shared_data("cora.npz"))
     assert (cora.num_nodes, cora.num_edges, cora.num_features, cora.num_classes) == (
         2708, 10556, 1433, 7,
     )

@@ -12,8 +12,7 @@ from dorylus.errors import ConfigError, DatasetError
 from dorylus.normalize import gcn_normalize
 from dorylus.partition import METHODS, assign_parts, partition_stats
 from dorylus.partition.partitioner import symmetric_csr
-
-CORA = Path("/work/shared/data/cora.npz")
+from tests.graphs import shared_data
 
 # Two triangles joined by an edge, a separate edge, an isolated vertex; a duplicate and a self-loop.
 SRC = np.array([0, 1, 2, 2, 3, 4, 5, 1, 6, 7, 3])
@@ -131,9 +130,7 @@ def test_metis_is_deterministic_for_a_seed():
 
 
 def test_metis_cuts_far_fewer_cora_edges_than_random():
-    if not CORA.exists():
-        pytest.skip(f"{CORA} not present")
-    data = np.load(CORA)
+    data = np.load(shared_data("cora.npz"))
     n = data["features"].shape[0]
     adj = gcn_normalize(data["src"], data["dst"], n)
     metis = partition_stats(assign_parts(n, data["src"], data["dst"], 4, "metis"), adj)["global"]

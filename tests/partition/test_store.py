@@ -12,8 +12,7 @@ from dorylus.errors import ConfigError, StoreError
 from dorylus.normalize import gcn_normalize
 from dorylus.partition import METHODS, assign_parts, format_stats, open_store, partition_stats, write_store
 from dorylus.partition.store import _sha256_file, reassemble
-
-CORA = Path("/work/shared/data/cora.npz")
+from tests.graphs import shared_data
 
 
 def make_dataset(n, src, dst, directed=False, name="toy", seed=0) -> GraphDataset:
@@ -40,9 +39,7 @@ def directed_toy() -> GraphDataset:
 
 
 def load_cora() -> GraphDataset:
-    if not CORA.exists():
-        pytest.skip(f"{CORA} not present")
-    data = np.load(CORA)
+    data = np.load(shared_data("cora.npz"))
     return GraphDataset(name="cora", **{k: data[k] for k in data.files}, num_classes=int(data["labels"].max()) + 1)
 
 
