@@ -143,10 +143,14 @@ class GraphDataset:
         if not self.train_mask.any():
             fail("train_mask is empty: nothing to train on")
 
-        finite = np.isfinite(self.features)
-        if not finite.all():
-            row, col = np.argwhere(~finite)[0]
-            fail(f"features contain NaN or inf (first at vertex {row}, column {col})")
+        # In row blocks: a whole-matrix isfinite would be an N x F bool temporary (and would
+        # fault every page of a memory-mapped matrix into this process at once).
+        step = max(1, (64 << 20) // max(1, self.num_features))
+        for lo in range(0, n, step):
+            finite = np.isfinite(self.features[lo : lo + step])
+            if not finite.all():
+                row, col = np.argwhere(~finite)[0]
+                fail(f"features contain NaN or inf (first at vertex {lo + row}, column {col})")
         return self
 
 

@@ -32,6 +32,13 @@ Dorylus archive (``.npz``) -- :func:`load_npz`, :func:`save_npz`
     Extra keys are ignored. :func:`save_npz` writes all ten keys (uncompressed unless asked),
     to a temporary file in the same directory that then replaces the target.
 
+    Reading in chunks: a member stored without compression (``np.savez``, the default of
+    :func:`save_npz`) is a plain ``.npy`` at a fixed offset of the zip, so it is memory-mapped
+    (features) or read a slice at a time (edges, :func:`open_edge_stream`). A compressed member
+    (``np.savez_compressed``) cannot be mapped: deflate has no random access. Its arrays are
+    read one at a time, and :func:`open_edge_stream` decompresses its edges sequentially, a
+    chunk at a time, on every pass.
+
 Edge list (``.edges``, ``.txt``, ``.tsv``, ``.csv``) -- :func:`load_edgelist`
     A text file with one edge ``src dst`` per line: two integer vertex ids separated by
     whitespace and/or commas (a comma counts as whitespace). ``#`` starts a comment that runs to
@@ -66,6 +73,16 @@ OGB node-property directory -- :func:`load_ogb`
     directed citations (ogbn-arxiv); both load as undirected (``directed=False``) unless
     ``directed=True`` is passed. Other files (``mapping/``, ``processed/``) are ignored.
 
+Dataset directory -- :func:`load_dataset_dir`, :func:`open_edge_stream`
+    What ``dorylus generate`` writes for the streamed presets
+    (:func:`dorylus.data.synthetic.write_streamed`): ``meta.json`` (``"format":
+    "dorylus-dataset"``, ``version`` 1, ``name``, ``num_nodes``, ``num_edges``,
+    ``num_features``, ``num_classes``, ``directed``, ``symmetric``: every pair listed both ways,
+    once, without self-loops) and one ``.npy`` per array: ``src``/``dst`` (``int32`` or
+    ``int64 [E]``), ``features`` (``float32 [N, F]``), ``labels`` (integer ``[N]``),
+    ``train_mask``/``val_mask``/``test_mask`` (``bool [N]``). Every array is memory-mapped;
+    nothing is read until used.
+
 In-memory graphs -- :func:`from_pyg`, :func:`from_dgl`
     A ``torch_geometric.data.Data`` with ``edge_index [2, E]``, ``x [N, F]``, ``y [N]`` (or
     ``[N, 1]``) and ``train_mask``/``val_mask``/``test_mask [N]``; or a homogeneous DGL graph
@@ -75,7 +92,9 @@ In-memory graphs -- :func:`from_pyg`, :func:`from_dgl`
 
 :func:`load_dataset` is the single entry point of the CLI: a spec is a preset name from
 :mod:`dorylus.data.synthetic` (presets win; write ``./name`` for a path that collides with one),
-or a path dispatched on its type (``.npz``, edge-list extension, OGB directory).
+or a path dispatched on its type (``.npz``, edge-list extension, OGB directory, dataset
+directory). :func:`open_edge_stream` opens the same specs for the streaming partitioner: edges in
+bounded chunks, vertex arrays memory-mapped where the format allows.
 """
 
 from __future__ import annotations
@@ -83,13 +102,15 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import json
 import re
 import tempfile
 import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -108,8 +129,12 @@ SUPPORTED_TYPES = (
     "a preset name, a .npz Dorylus archive, an edge list "
     f"({'/'.join(EDGELIST_SUFFIXES)}) with X.features.npy and X.labels.npy beside it, "
     "or an OGB node-property directory (raw/edge.csv.gz, raw/node-feat.csv.gz, "
-    "raw/node-label.csv.gz, split/<scheme>/)"
+    "raw/node-label.csv.gz, split/<scheme>/), "
+    "or a dataset directory (meta.json with format dorylus-dataset, from `dorylus generate`)"
 )
+DATASET_FORMAT = "dorylus-dataset"
+DATASET_VERSIONS = (1,)
+DATASET_META = "meta.json"
 
 # Errors that reading a damaged file can raise; every one becomes a DatasetError naming the file.
 _READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error)
@@ -173,8 +198,60 @@ def _read_member(archive: Any, key: str, path: Path) -> np.ndarray:
 # .npz archive
 
 
-def load_npz(path: PathLike) -> GraphDataset:
-    """Load a Dorylus ``.npz`` archive (format in the module docstring)."""
+def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of the ``.npy`` at ``f``'s position; ``f`` is left at
+    the first data byte."""
+    version = np.lib.format.read_magic(f)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return reader(f)
+
+
+def _npz_member(path: Path, key: str) -> tuple[int, np.dtype, tuple[int, ...], bool] | None:
+    """Where member ``key`` of an *uncompressed* ``.npz`` keeps its array: ``(byte offset of the
+    data, dtype, shape, fortran_order)``; ``None`` if the member is compressed or absent.
+
+    A stored zip member is its ``.npy`` bytes verbatim after the local file header (30 bytes,
+    then the name and the extra field, whose lengths the header gives)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            try:
+                info = archive.getinfo(key + ".npy")
+            except KeyError:
+                return None
+            if info.compress_type != zipfile.ZIP_STORED:
+                return None
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            local = f.read(30)
+            if local[:4] != b"PK\x03\x04":
+                return None
+            start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+            f.seek(start)
+            shape, fortran, dtype = _npy_header(f)
+            if dtype.hasobject:
+                return None
+            return f.tell(), dtype, shape, fortran
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: corrupt dataset archive ({e})") from e
+
+
+def _npz_mapped(path: Path, key: str) -> np.ndarray | None:
+    """Member ``key`` memory-mapped read-only, or ``None`` when it is compressed."""
+    found = _npz_member(path, key)
+    if found is None:
+        return None
+    offset, dtype, shape, fortran = found
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def load_npz(path: PathLike, *, mmap: bool = True) -> GraphDataset:
+    """Load a Dorylus ``.npz`` archive (format in the module docstring).
+
+    With ``mmap`` (the default) the features of an uncompressed archive are memory-mapped, not
+    copied; other members are read one at a time (ids are converted to ``int64`` by validation).
+    """
     path = Path(path)
     archive = _np_load(path, "dataset archive", archive=True)
     with archive:
@@ -197,7 +274,10 @@ def load_npz(path: PathLike) -> GraphDataset:
             except (TypeError, ValueError) as e:
                 raise DatasetError(f"{path}: key {key!r} has invalid value {value!r}") from e
 
-        arrays = {key: read(key) for key in NPZ_REQUIRED}
+        arrays = {}
+        for key in NPZ_REQUIRED:
+            mapped = _npz_mapped(path, key) if mmap and key == "features" else None
+            arrays[key] = mapped if mapped is not None else read(key)
         files = set(archive.files)
         num_classes = (
             scalar("num_classes", int) if "num_classes" in files
@@ -614,6 +694,12 @@ def load_dataset(
     spec = os.fspath(spec)
     synthetic = _synthetic_module()
     presets = list(synthetic.preset_names()) if synthetic is not None else []
+    streamed = list(getattr(synthetic, "streamed_preset_names", lambda: [])()) if synthetic is not None else []
+    if spec in streamed and not Path(spec).exists():
+        raise DatasetError(
+            f"preset {spec!r} is generated to disk, not in memory: run `dorylus generate {spec} --out DIR`, "
+            "then pass DIR as the dataset"
+        )
     if spec in presets:
         dataset = synthetic.generate_preset(spec, seed=seed).validate(where=f"preset {spec!r}")
     else:
@@ -623,8 +709,10 @@ def load_dataset(
                 f"dataset {spec!r} is neither a preset (known: {', '.join(presets) or 'none'}) "
                 "nor an existing path"
             )
-        root = _ogb_root(path) if path.is_dir() else None
-        if root is not None:
+        root = _ogb_root(path) if path.is_dir() and not (path / DATASET_META).is_file() else None
+        if path.is_dir() and (path / DATASET_META).is_file():
+            dataset = load_dataset_dir(path)
+        elif root is not None:
             dataset = load_ogb(root)
         elif path.is_file() and path.suffix.lower() == ".npz":
             dataset = load_npz(path)
@@ -637,3 +725,304 @@ def load_dataset(
     if directed is not None:
         dataset.directed = directed
     return dataset
+
+
+# --------------------------------------------------------------------------------------------
+# dataset directory (memory-mapped) and edge streams (bounded chunks)
+
+
+def _dataset_meta(path: Path) -> dict:
+    """The checked ``meta.json`` of a dataset directory."""
+    meta_path = path / DATASET_META
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{meta_path}: cannot read dataset meta ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != DATASET_FORMAT:
+        raise DatasetError(f"{meta_path}: not a Dorylus dataset directory (format must be {DATASET_FORMAT!r})")
+    if meta.get("version") not in DATASET_VERSIONS:
+        raise DatasetError(f"{meta_path}: dataset version {meta.get('version')!r}; this dorylus reads "
+                           f"{', '.join(map(str, DATASET_VERSIONS))}")
+    for key, kind in (("num_nodes", int), ("num_edges", int), ("num_features", int), ("num_classes", int),
+                      ("directed", bool), ("symmetric", bool), ("name", str)):
+        if not isinstance(meta.get(key), kind) or (kind is int and isinstance(meta.get(key), bool)):
+            raise DatasetError(f"{meta_path}: {key!r} must be {kind.__name__}, got {meta.get(key)!r}")
+    return meta
+
+
+def _mapped_npy(path: Path, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A ``.npy`` memory-mapped read-only, its shape checked against ``meta.json``'s."""
+    _require_file(path, what)
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: corrupt {what} ({e})") from e
+    if array.shape != shape:
+        raise DatasetError(f"{path}: {what} has shape {array.shape}, meta.json says {shape}")
+    return array
+
+
+def load_dataset_dir(path: PathLike) -> GraphDataset:
+    """Load a dataset directory (format in the module docstring).
+
+    Features stay memory-mapped (pages are read when used); ids, labels and masks are converted
+    to the canonical in-memory dtypes by validation (``int64`` ids: 16 bytes per edge)."""
+    path = Path(path)
+    meta = _dataset_meta(path)
+    n, e, f = meta["num_nodes"], meta["num_edges"], meta["num_features"]
+    arrays = {"src": _mapped_npy(path / "src.npy", "edge sources", (e,)),
+              "dst": _mapped_npy(path / "dst.npy", "edge targets", (e,)),
+              "features": _mapped_npy(path / "features.npy", "features", (n, f)),
+              "labels": _mapped_npy(path / "labels.npy", "labels", (n,))}
+    for key in MASK_NAMES:
+        arrays[key] = _mapped_npy(path / f"{key}.npy", key, (n,))
+    dataset = GraphDataset(name=meta["name"], num_classes=meta["num_classes"], directed=meta["directed"], **arrays)
+    return dataset.validate(where=str(path))
+
+
+# Edges per chunk of an edge stream when the caller names none: 8M edges, 128 MB as int64 pairs.
+DEFAULT_CHUNK_EDGES = 1 << 23
+
+
+@dataclass
+class EdgeStream:
+    """A graph opened for one or more passes over its edges in bounded chunks.
+
+    Attributes:
+        name, num_nodes, num_edges, num_features, num_classes, directed: as in
+            :class:`GraphDataset`.
+        symmetric: ``True`` when the edge list is known to hold every pair both ways, once each,
+            without self-loops (a generated dataset directory): readers may then skip
+            symmetrization and deduplication.
+        where: the file or preset, for messages.
+    """
+
+    name: str
+    num_nodes: int
+    num_edges: int
+    num_features: int
+    num_classes: int
+    directed: bool
+    symmetric: bool
+    where: str
+    _chunks: Callable[[int], Iterator[tuple[np.ndarray, np.ndarray]]]
+    _vertices: Callable[[], dict]
+
+    def chunks(self, chunk_edges: int = DEFAULT_CHUNK_EDGES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(src, dst)`` pairs of ``int64`` arrays of at most ``chunk_edges`` edges, in file
+        order, each checked to lie in ``[0, N)``. Every call is a new pass from the start."""
+        if isinstance(chunk_edges, bool) or int(chunk_edges) < 1:
+            raise DatasetError(f"chunk_edges must be a positive integer, got {chunk_edges!r}")
+        n = self.num_nodes
+        for src, dst in self._chunks(int(chunk_edges)):
+            src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
+            if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+                bad = np.concatenate((src, dst))
+                bad = int(bad[(bad < 0) | (bad >= n)][0])
+                raise DatasetError(f"{self.where}: edge list has vertex id {bad} out of range [0, {n})")
+            yield src, dst
+
+    def vertex_data(self) -> dict:
+        """``features`` (memory-mapped where the format allows), ``labels``, and the three masks,
+        checked like :meth:`GraphDataset.validate` checks them (features' finiteness is left to
+        the reader of each row block)."""
+        return self._vertices()
+
+    @classmethod
+    def from_dataset(cls, dataset: GraphDataset, where: str) -> "EdgeStream":
+        """A stream over a dataset already in memory (a preset, an OGB directory)."""
+
+        def chunks(size: int):
+            for lo in range(0, dataset.num_edges, size):
+                yield dataset.src[lo : lo + size], dataset.dst[lo : lo + size]
+
+        def vertices() -> dict:
+            return {"features": dataset.features, "labels": dataset.labels,
+                    **{key: getattr(dataset, key) for key in MASK_NAMES}}
+
+        return cls(dataset.name, dataset.num_nodes, dataset.num_edges, dataset.num_features, dataset.num_classes,
+                   dataset.directed, False, where, chunks, vertices)
+
+
+def _read_slices(path: Path, offset: int, dtype: np.dtype, count: int, size: int) -> Iterator[np.ndarray]:
+    """``count`` items of ``dtype`` from byte ``offset`` of ``path``, ``size`` at a time, by plain
+    reads (a memory map would leave every page read resident in this process)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for lo in range(0, count, size):
+            chunk = np.fromfile(f, dtype=dtype, count=min(size, count - lo))
+            if chunk.size != min(size, count - lo):
+                raise DatasetError(f"{path}: truncated ({lo + chunk.size} of {count} values)")
+            yield chunk
+
+
+def _npy_slices(path: Path, what: str, count: int, size: int) -> Iterator[np.ndarray]:
+    _require_file(path, what)
+    with open(path, "rb") as f:
+        try:
+            shape, fortran, dtype = _npy_header(f)
+        except _READ_ERRORS as e:
+            raise DatasetError(f"{path}: corrupt {what} ({e})") from e
+        offset = f.tell()
+    if shape != (count,) or not np.issubdtype(dtype, np.integer):
+        raise DatasetError(f"{path}: {what} must be integer [{count}], got {dtype} {shape}")
+    return _read_slices(path, offset, dtype, count, size)
+
+
+def _npz_edge_slices(path: Path, key: str, size: int) -> Iterator[np.ndarray]:
+    """Member ``key`` of an ``.npz`` in slices: plain reads at its offset when stored,
+    sequential decompression when deflated (no random access, so one full pass per call)."""
+    found = _npz_member(path, key)
+    if found is not None:
+        offset, dtype, shape, _ = found
+        if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+            raise DatasetError(f"{path}: key {key!r} must be a 1-D integer array, got {dtype} {shape}")
+        yield from _read_slices(path, offset, dtype, shape[0], size)
+        return
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(key + ".npy") as f:
+            shape, _, dtype = _npy_header(f)
+            if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+                raise DatasetError(f"{path}: key {key!r} must be a 1-D integer array, got {dtype} {shape}")
+            for lo in range(0, shape[0], size):
+                want = min(size, shape[0] - lo) * dtype.itemsize
+                raw = f.read(want)
+                if len(raw) != want:
+                    raise DatasetError(f"{path}: key {key!r} truncated")
+                yield np.frombuffer(raw, dtype=dtype)
+    except _READ_ERRORS as e:
+        raise DatasetError(f"{path}: cannot read key {key!r} ({e})") from e
+
+
+def _edgelist_chunks(path: Path, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """An edge-list text file parsed about ``size`` lines at a time (blocks of whole lines)."""
+    _require_file(path, "edge list")
+    line_bytes = 24  # a guess at "12345678 12345678\n"; only the block size depends on it
+    with open(path, "rb") as f:
+        number = 0
+        while True:
+            lines = f.readlines(size * line_bytes)
+            if not lines:
+                return
+            raw = b"".join(lines)
+            pairs = _parse_int_pairs(io.BytesIO(raw.replace(b",", b" ")))
+            if pairs is None or (pairs.size and pairs.shape[1] != 2):
+                bad = _first_bad_edge_line(raw)
+                if bad is None:
+                    raise DatasetError(f"{path}: cannot parse lines {number + 1}..{number + len(lines)} as 'src dst'")
+                line_no, line, reason = bad
+                raise DatasetError(f"{path}: line {number + line_no}: {reason}: {line[:80]!r}")
+            number += len(lines)
+            if pairs.size:
+                yield pairs[:, 0], pairs[:, 1]
+
+
+def _checked_vertices(where: str, n: int, num_classes: int, features: np.ndarray, labels: np.ndarray,
+                      masks: dict) -> dict:
+    """The per-vertex arrays of a stream, checked as :meth:`GraphDataset.validate` would (but
+    without reading every feature: shapes and dtype only)."""
+    if features.ndim != 2 or features.shape[0] != n:
+        raise DatasetError(f"{where}: features must have shape ({n}, F), got {features.shape}")
+    probe = GraphDataset(name="probe", src=np.zeros(0, np.int64), dst=np.zeros(0, np.int64),
+                         features=np.zeros((n, 1), np.float32), labels=np.asarray(labels),
+                         num_classes=num_classes, **{k: np.asarray(v) for k, v in masks.items()})
+    probe.validate(where)
+    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)):
+        raise DatasetError(f"{where}: features must be numeric, got dtype {features.dtype}")
+    return {"features": features, "labels": probe.labels, **{k: getattr(probe, k) for k in MASK_NAMES}}
+
+
+def open_edge_stream(spec: str | os.PathLike, *, directed: bool | None = None, seed: int = 0) -> EdgeStream:
+    """Open a dataset for streaming: edges in chunks, vertex arrays mapped where possible.
+
+    * Dataset directory: edges read a slice at a time from ``src.npy``/``dst.npy``; vertex
+      arrays memory-mapped.
+    * ``.npz``: edges read a slice at a time (stored) or decompressed sequentially
+      (compressed); features memory-mapped when stored, else read into memory.
+    * Edge list: parsed a block of lines at a time; ``N`` is the row count of
+      ``X.features.npy`` (memory-mapped), the split as :func:`load_edgelist` makes it.
+    * Anything else (presets, OGB directories) is loaded whole by :func:`load_dataset` and
+      streamed from memory.
+    """
+    spec = os.fspath(spec)
+    path = Path(spec)
+    if path.is_dir() and (path / DATASET_META).is_file():
+        meta = _dataset_meta(path)
+        n, e, f = meta["num_nodes"], meta["num_edges"], meta["num_features"]
+
+        def dir_chunks(size: int):
+            yield from zip(_npy_slices(path / "src.npy", "edge sources", e, size),
+                           _npy_slices(path / "dst.npy", "edge targets", e, size))
+
+        def dir_vertices() -> dict:
+            return _checked_vertices(str(path), n, meta["num_classes"],
+                                     _mapped_npy(path / "features.npy", "features", (n, f)),
+                                     _mapped_npy(path / "labels.npy", "labels", (n,)),
+                                     {k: _mapped_npy(path / f"{k}.npy", k, (n,)) for k in MASK_NAMES})
+
+        stream = EdgeStream(meta["name"], n, e, f, meta["num_classes"], meta["directed"], meta["symmetric"],
+                            str(path), dir_chunks, dir_vertices)
+    elif path.is_file() and path.suffix.lower() == ".npz":
+        archive = _np_load(path, "dataset archive", archive=True)
+        with archive:
+            missing = [key for key in NPZ_REQUIRED if key not in archive.files]
+            if missing:
+                raise DatasetError(f"{path}: missing key {', '.join(repr(k) for k in missing)} "
+                                   f"(an archive needs {', '.join(NPZ_REQUIRED)})")
+            small = {key: _read_member(archive, key, path) for key in ("labels", *MASK_NAMES)}
+            extras = {key: _read_member(archive, key, path).reshape(()).item()
+                      for key in ("num_classes", "directed", "name") if key in archive.files}
+        features = _npz_mapped(path, "features")
+        if features is None:  # compressed: no way to map it
+            with np.load(path, allow_pickle=False) as archive:
+                features = _read_member(archive, "features", path)
+        n = features.shape[0] if features.ndim == 2 else -1
+        num_classes = int(extras.get("num_classes", _default_num_classes(small["labels"])))
+        with zipfile.ZipFile(path) as z, z.open("src.npy") as f:
+            e = _npy_header(f)[0]
+        e = e[0] if len(e) == 1 else -1
+
+        def npz_chunks(size: int):
+            yield from zip(_npz_edge_slices(path, "src", size), _npz_edge_slices(path, "dst", size))
+
+        def npz_vertices() -> dict:
+            masks = {k: small[k] for k in MASK_NAMES}
+            return _checked_vertices(str(path), n, num_classes, features, small["labels"], masks)
+
+        stream = EdgeStream(str(extras.get("name", path.stem)), n, e,
+                            features.shape[1] if features.ndim == 2 else 0, num_classes,
+                            bool(extras.get("directed", False)), False, str(path), npz_chunks, npz_vertices)
+    elif path.is_file() and path.suffix.lower() in EDGELIST_SUFFIXES:
+        base = path.with_suffix("")
+        feature_path = base.with_name(base.name + ".features.npy")
+        label_path = base.with_name(base.name + ".labels.npy")
+        split_path = base.with_name(base.name + ".split.npz")
+        for what, side in (("features", feature_path), ("labels", label_path)):
+            if not side.exists():
+                raise DatasetError(f"{side}: {what} file not found (put it beside the edge list {path.name})")
+        _np_load(feature_path, "features file", archive=False)  # checks the magic, names the file
+        try:
+            features = np.load(feature_path, mmap_mode="r", allow_pickle=False)
+        except _READ_ERRORS as e:
+            raise DatasetError(f"{feature_path}: corrupt features file ({e})") from e
+        labels = _np_load(label_path, "labels file", archive=False)
+        masks = _load_split(split_path) if split_path.exists() else random_split(labels, seed)
+        n = features.shape[0]
+        num_classes = _default_num_classes(labels)
+        num_edges = -1  # unknown until a pass has counted them
+
+        def text_chunks(size: int):
+            yield from _edgelist_chunks(path, size)
+
+        def text_vertices() -> dict:
+            return _checked_vertices(str(path), n, num_classes, features, labels, masks)
+
+        stream = EdgeStream(base.name, n, num_edges, features.shape[1] if features.ndim == 2 else 0, num_classes,
+                            False, False, str(path), text_chunks, text_vertices)
+    else:
+        dataset = load_dataset(spec, seed=seed)
+        stream = EdgeStream.from_dataset(dataset, spec)
+    if directed is not None:
+        stream.directed = directed
+        stream.symmetric = stream.symmetric and not directed
+    return stream

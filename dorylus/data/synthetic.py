@@ -398,3 +398,407 @@ def _class_features(spec: SyntheticSpec, labels: np.ndarray, rng) -> np.ndarray:
         block += centroids[labels[lo : lo + _FEATURE_CHUNK_ROWS]]
         np.maximum(block, 0.0, out=block)
     return features
+
+
+# --------------------------------------------------------------------------------------------
+# Streamed generation to disk: graphs larger than what one process should hold.
+
+r"""(Section docstring, kept next to the code it describes.)
+
+Streamed model (:func:`write_streamed`), a Chung-Lu stochastic block model whose pairs are drawn
+per block of source vertices so that no step needs the whole edge set:
+
+* Labels, propensities :math:`\theta` (same laws as above) and masks are per-vertex arrays,
+  ``O(N)`` memory.
+* Every undirected pair :math:`\{u, v\}`, :math:`u < v`, is drawn only by its smaller endpoint
+  ``u``: ``u`` originates :math:`\mathrm{Poisson}(\lambda_p \theta_u W_p(u))` draws in pool ``p``
+  (intra- or inter-class), each picking ``v > u`` with probability :math:`\theta_v / W_p(u)`,
+  where :math:`W_p(u)` is the :math:`\theta`-mass of the eligible ``v`` (same class, or other
+  class, and ``v > u``). A pair is therefore drawn :math:`\mathrm{Poisson}(\lambda_p \theta_u
+  \theta_v)` times whichever endpoint is smaller: the Chung-Lu law, and expected degree
+  :math:`\propto \theta`. Because all pairs of ``u`` come from ``u``'s block, deduplicating inside
+  a block is deduplicating globally.
+* Pool ``p``'s exact pair count ``round(homophily * M)`` (resp. the rest) is apportioned over
+  blocks of :data:`STREAM_BLOCK_VERTICES` consecutive sources in proportion to their expected
+  draws :math:`\sum_{u \in b} \theta_u W_p(u)` (largest remainders); each block draws, tops up
+  and trims to its own count. So ``E`` and the edge homophily are exact.
+* Every random draw is keyed by ``(seed, stream, block, ...)``, never by the write chunk: how many
+  blocks are written at a time (``chunk_vertices``) changes memory, not one byte of the output.
+* Features: ``sparse`` as above (rectified, ~7% non-zero), or ``dense`` :math:`x_v =
+  \mu_{y_v} + \varepsilon_v` (ogbn-products-like dense float32 rows; no rectification).
+
+On disk (a *dataset directory*, read by :func:`dorylus.data.loaders.load_dataset_dir`): the
+first ``M`` entries of ``src``/``dst`` are the pairs ``u < v`` sorted by ``(u, v)``, the last
+``M`` the same pairs reversed, like :func:`generate`'s arrays.
+"""
+
+import json as _json
+import os as _os
+import shutil as _shutil
+import tempfile as _tempfile
+from dataclasses import asdict as _asdict
+from pathlib import Path as _Path
+
+# Sources per block: the unit of the streamed generator's random keys and pair targets. Fixed,
+# so the output never depends on the write chunk. 4096 keeps a block's draws at ~100K pairs for
+# mean degree 50, cheap next to numpy's per-call overhead.
+STREAM_BLOCK_VERTICES = 4096
+# Write chunk (memory, not output): about this many pairs drawn per chunk.
+_STREAM_CHUNK_PAIRS = 1 << 22
+# A rejected inter-class draw (same class as its source) is redrawn at most this many times.
+_REJECT_ROUNDS = 64
+DATASET_FORMAT = "dorylus-dataset"
+DATASET_VERSION = 1
+DATASET_META = "meta.json"
+_STREAMED_LABELS, _STREAMED_PAIRS = 8, 9  # more streams, after _MASKS
+
+
+@dataclass(frozen=True)
+class StreamedSpec:
+    """A :class:`SyntheticSpec` plus the feature kind, for :func:`write_streamed`.
+
+    Attributes:
+        graph: sizes and model parameters (``num_edges`` directed, even).
+        features: ``"sparse"`` (rectified class-centroid model, ~7% non-zero) or ``"dense"``
+            (``mu_y + noise``, every entry non-zero).
+    """
+
+    graph: SyntheticSpec
+    features: str = "dense"
+
+    def __post_init__(self) -> None:
+        if self.features not in ("dense", "sparse"):
+            raise DatasetError(f"streamed spec {self.graph.name!r}: features must be 'dense' or 'sparse', "
+                               f"got {self.features!r}")
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+
+STREAMED_PRESETS: dict[str, StreamedSpec] = {
+    s.name: s
+    for s in (
+        # ~10M directed edges: the development size of the scale benchmark (products' shape, 1/6).
+        StreamedSpec(SyntheticSpec(
+            name="synthetic-10m", num_nodes=400_000, num_edges=10_000_000, num_features=100,
+            num_classes=47, homophily=0.75, degree_exponent=2.5, feature_snr=0.5,
+            train_fraction=0.1, val_fraction=0.02, test_fraction=0.88,
+        ), features="dense"),
+        # ogbn-products' shape (2,449,029 vertices, 100 dense features, 47 classes, 8% / 1.6% /
+        # 90% split) at 60M directed edges, the size the scale issue measured.
+        StreamedSpec(SyntheticSpec(
+            name="synthetic-products", num_nodes=2_400_000, num_edges=60_000_000, num_features=100,
+            num_classes=47, homophily=0.75, degree_exponent=2.5, feature_snr=0.5,
+            train_fraction=0.08, val_fraction=0.016, test_fraction=0.9,
+        ), features="dense"),
+        # 250M directed edges: the largest graph meant to be made, partitioned and trained on a
+        # 24 GB machine. Narrow features keep the vertex side (4M x 32 x 4 B = 0.5 GB) small next
+        # to the edges (2 GB of int32 ids).
+        StreamedSpec(SyntheticSpec(
+            name="synthetic-250m", num_nodes=4_000_000, num_edges=250_000_000, num_features=32,
+            num_classes=32, homophily=0.75, degree_exponent=2.5, feature_snr=0.5,
+            train_fraction=0.1, val_fraction=0.02, test_fraction=0.2,
+        ), features="dense"),
+    )
+}
+
+
+def streamed_preset_names() -> list[str]:
+    """Names of the presets generated to disk by :func:`write_streamed`, sorted."""
+    return sorted(STREAMED_PRESETS)
+
+
+def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
+    """``int64`` counts summing to exactly ``total``, proportional to ``weights`` (largest
+    remainders; ties to the lower index, so the result is deterministic)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if total == 0 or weights.sum() <= 0:
+        out = np.zeros(weights.size, dtype=np.int64)
+        if total:
+            raise DatasetError(f"cannot place {total} pairs: no block has eligible targets")
+        return out
+    exact = weights * (total / weights.sum())
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    if short:
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    return counts
+
+
+@dataclass
+class _StreamModel:
+    """Per-vertex state of the streamed model (all ``[N]``): ``labels``; ``theta``; ``cum_id``
+    (prefix sums of theta by id: v's interval is ``[cum_id[v] - theta_v, cum_id[v])``); the line
+    by (class, id) as in :class:`_Line` (``by_class``, ``cum_line``, ``pos`` = u's position,
+    ``seg_end`` = right end of each class' segment, ``last`` = its last position); and the
+    eligible masses ``w_intra``/``w_inter`` of the module section's :math:`W_p(u)`."""
+
+    labels: np.ndarray
+    theta: np.ndarray
+    cum_id: np.ndarray
+    by_class: np.ndarray
+    cum_line: np.ndarray
+    pos: np.ndarray
+    seg_end: np.ndarray
+    last: np.ndarray
+    w_intra: np.ndarray
+    w_inter: np.ndarray
+
+    @classmethod
+    def build(cls, labels: np.ndarray, theta: np.ndarray, k: int) -> "_StreamModel":
+        n = labels.size
+        cum_id = np.cumsum(theta)
+        by_class = np.argsort(labels, kind="stable")  # by class, then id (stable)
+        cum_line = np.cumsum(theta[by_class])
+        pos = np.empty(n, dtype=np.int64)
+        pos[by_class] = np.arange(n, dtype=np.int64)
+        first = np.searchsorted(labels[by_class], np.arange(k + 1))
+        last = first[1:] - 1
+        seg_end = cum_line[last]
+        # Mass of same-class vertices above u: from u's right end to its class' right end.
+        w_intra = seg_end[labels] - cum_line[pos]
+        w_inter = (cum_id[-1] - cum_id) - w_intra
+        # Round-off leaves crumbs where nothing is eligible (the top ids of a class).
+        tiny = 1e-9 * cum_id[-1]
+        w_intra[w_intra < tiny] = 0.0
+        w_inter[w_inter < tiny] = 0.0
+        return cls(labels, theta, cum_id, by_class, cum_line, pos, seg_end, last, w_intra, w_inter)
+
+    def draw(self, u: np.ndarray, own: bool, rng: np.random.Generator) -> np.ndarray:
+        """A target ``v > u`` per source in ``u`` (``int64``), with probability ``theta_v /
+        W(u)`` over the pool's eligible vertices; ``-1`` where rejection sampling gave up."""
+        if own:
+            c = self.labels[u]
+            x = self.cum_line[self.pos[u]] + rng.random(u.size) * (self.seg_end[c] - self.cum_line[self.pos[u]])
+            at = np.searchsorted(self.cum_line, x, side="right")
+            np.clip(at, self.pos[u] + 1, self.last[c], out=at)
+            return self.by_class[at]
+        n = self.cum_id.size
+        v = np.full(u.size, -1, dtype=np.int64)
+        todo = np.arange(u.size)
+        for _ in range(_REJECT_ROUNDS):
+            lo = self.cum_id[u[todo]]
+            x = lo + rng.random(todo.size) * (self.cum_id[-1] - lo)
+            cand = np.searchsorted(self.cum_id, x, side="right")
+            np.clip(cand, u[todo] + 1, n - 1, out=cand)
+            ok = self.labels[cand] != self.labels[u[todo]]
+            v[todo[ok]] = cand[ok]
+            todo = todo[~ok]
+            if not todo.size:
+                break
+        return v
+
+
+def _block_pairs(
+    model: _StreamModel, lo: int, hi: int, own: bool, target: int, rng: Callable[..., np.random.Generator],
+    name: str,
+) -> np.ndarray:
+    """Exactly ``target`` distinct keys ``u * N + v`` (sorted ``int64``, ``lo <= u < hi``,
+    ``u < v``) of one pool: Poisson draws per source, topped up and trimmed."""
+    n = model.labels.size
+    weight = model.theta[lo:hi] * (model.w_intra if own else model.w_inter)[lo:hi]
+    total = weight.sum()
+    keys = np.empty(0, dtype=np.int64)
+    survival = 1.0
+    for rounds in range(_MAX_ROUNDS):
+        if keys.size >= target:
+            break
+        wanted = (target - keys.size) / max(survival, 0.01) * (_OVERSAMPLE if rounds == 0 else _TOPUP_OVERSAMPLE)
+        counts = rng(0, rounds).poisson(weight * (wanted / total))
+        u = np.repeat(np.arange(lo, hi, dtype=np.int64), counts)
+        v = model.draw(u, own, rng(1, rounds))
+        fresh = u[v >= 0] * n + v[v >= 0]
+        before = keys.size
+        keys = sorted_unique(np.concatenate((keys, fresh)), in_place=True)
+        survival = (keys.size - before) / max(u.size, 1)
+    if keys.size < target:
+        kind = "intra-class" if own else "inter-class"
+        raise DatasetError(
+            f"streamed spec {name!r}: sources {lo}..{hi - 1} reached only {keys.size} distinct {kind} pairs of "
+            f"{target} after {_MAX_ROUNDS} rounds; the graph is too dense for its communities (lower num_edges)"
+        )
+    if keys.size > target:
+        keep = np.ones(keys.size, dtype=np.bool_)
+        keep[rng(2).choice(keys.size, keys.size - target, replace=False)] = False
+        keys = keys[keep]
+    return keys
+
+
+def _write_npy_header(f, dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    """Write a ``.npy`` v1 header for a C-ordered array; return its length (data starts there)."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(f, header)
+    return f.tell()
+
+
+class _NpyOut:
+    """A ``.npy`` file of known dtype and shape, written region by region with plain writes
+    (``seek`` + ``tofile``): a memory map would count every written page in the writer's RSS."""
+
+    def __init__(self, path: _Path, dtype, shape: tuple[int, ...]):
+        self.dtype = np.dtype(dtype)
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self.f = open(path, "wb")
+        self.offset = _write_npy_header(self.f, self.dtype, shape)
+        self.f.truncate(self.offset + shape[0] * self.row)
+
+    def write(self, at: int, array: np.ndarray) -> None:
+        self.f.seek(self.offset + at * self.row)
+        np.ascontiguousarray(array, dtype=self.dtype).tofile(self.f)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def ids_dtype(num_nodes: int) -> np.dtype:
+    """``int32`` when every id fits (``N <= 2^31``), else ``int64``: 4 bytes per stored id."""
+    return np.dtype(np.int32) if num_nodes <= np.iinfo(np.int32).max + 1 else np.dtype(np.int64)
+
+
+def write_streamed(
+    spec: StreamedSpec | str, out: str | _os.PathLike, *, seed: int = 0, chunk_vertices: int | None = None,
+    overwrite: bool = False, progress: Progress | None = None,
+) -> dict:
+    """Generate ``spec`` (a :class:`StreamedSpec` or a name in :data:`STREAMED_PRESETS`) into the
+    dataset directory ``out`` without holding its edges (see the section docstring above).
+
+    Memory: ``O(N)`` per-vertex arrays (about 80 bytes per vertex) plus one write chunk of
+    ``chunk_vertices`` sources' pairs (default: about 4M pairs, ~200 MB of temporaries). Output
+    bytes do not depend on ``chunk_vertices``.
+
+    Files (``E`` directed edges, ids ``int32`` when ``N <= 2^31``): ``src.npy``, ``dst.npy``
+    ``[E]``; ``features.npy`` ``float32 [N, F]``; ``labels.npy`` ``int32 [N]``;
+    ``train_mask.npy``/``val_mask.npy``/``test_mask.npy`` ``bool [N]``; ``meta.json``. Written
+    into a temporary directory beside ``out``, renamed into place when complete.
+
+    Returns:
+        The ``meta.json`` contents.
+    """
+    if isinstance(spec, str):
+        if spec not in STREAMED_PRESETS:
+            raise DatasetError(f"unknown streamed preset {spec!r}; known: {', '.join(streamed_preset_names())}")
+        spec = STREAMED_PRESETS[spec]
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise DatasetError(f"streamed dataset {spec.name!r}: seed must be a non-negative integer, got {seed!r}")
+    if chunk_vertices is not None and (isinstance(chunk_vertices, bool) or int(chunk_vertices) < 1):
+        raise DatasetError(f"chunk_vertices must be a positive integer, got {chunk_vertices!r}")
+    out = _Path(out)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise DatasetError(f"{out}: exists and is not an empty directory (pass overwrite to replace it)")
+    if not out.parent.is_dir():
+        raise DatasetError(f"{out}: parent directory {out.parent} does not exist")
+    report = progress or (lambda message: None)
+    g = spec.graph
+    n, k, m = g.num_nodes, g.num_classes, g.num_edges // 2
+
+    def rng(*key: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=key)))
+
+    proportions = rng(_LABELS).dirichlet(np.full(k, _CLASS_SIZE_CONCENTRATION))
+    sizes = 1 + rng(_LABELS, 1).multinomial(n - k, proportions)
+    labels = rng(_LABELS, 2).permutation(np.repeat(np.arange(k, dtype=np.int32), sizes))
+    theta = _degree_propensities(rng(_THETA), n, g.degree_exponent, g.mean_degree)
+    model = _StreamModel.build(labels, theta, k)
+    del theta
+
+    block = STREAM_BLOCK_VERTICES
+    starts = np.arange(0, n, block)
+    intra = round(g.homophily * m)
+    targets = []
+    for own, pool_total in ((True, intra), (False, m - intra)):
+        w = model.theta * (model.w_intra if own else model.w_inter)
+        targets.append(_apportion(pool_total, np.add.reduceat(w, starts)))
+        del w
+    block_pairs = targets[0] + targets[1]
+    pair_start = np.concatenate(([0], np.cumsum(block_pairs)))
+    if chunk_vertices is None:
+        per_block = max(1.0, m / max(starts.size, 1))
+        chunk_blocks = max(1, int(_STREAM_CHUNK_PAIRS // per_block))
+    else:
+        chunk_blocks = max(1, -(-int(chunk_vertices) // block))
+
+    tmp = _Path(_tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        ids = ids_dtype(n)
+        src_out, dst_out = _NpyOut(tmp / "src.npy", ids, (2 * m,)), _NpyOut(tmp / "dst.npy", ids, (2 * m,))
+        for c0 in range(0, starts.size, chunk_blocks):
+            keys = []
+            for b in range(c0, min(c0 + chunk_blocks, starts.size)):
+                lo, hi = int(starts[b]), min(int(starts[b]) + block, n)
+                pools = [
+                    _block_pairs(model, lo, hi, own, int(targets[p][b]),
+                                 lambda *key, b=b, p=p: rng(_STREAMED_PAIRS, b, p, *key), g.name)
+                    for p, own in enumerate((True, False))
+                ]
+                keys.append(np.sort(np.concatenate(pools)))
+            keys = np.concatenate(keys)
+            u, v = np.divmod(keys, n)
+            del keys
+            at = int(pair_start[c0])
+            src_out.write(at, u)
+            dst_out.write(at, v)
+            src_out.write(m + at, v)
+            dst_out.write(m + at, u)
+            del u, v
+            report(f"{g.name}: edges of sources 0..{min(int(starts[min(c0 + chunk_blocks, starts.size) - 1]) + block, n)} "
+                   f"of {n} ({2 * int(pair_start[min(c0 + chunk_blocks, starts.size)]):,} of {2 * m:,} edges)")
+        src_out.close()
+        dst_out.close()
+        del model
+
+        report(f"{g.name}: features ({n} x {g.num_features}, {spec.features})")
+        centroids = rng(_CENTROIDS).standard_normal((k, g.num_features), dtype=np.float32)
+        centroids *= np.float32(g.feature_snr)
+        if spec.features == "sparse":
+            centroids -= np.float32(_FEATURE_THRESHOLD)
+        feat_out = _NpyOut(tmp / "features.npy", np.float32, (n, g.num_features))
+        # Whole blocks per feature chunk, at most ~64 MB of rows (or the edge chunk's blocks if fewer).
+        rows = block * max(1, min(chunk_blocks, (64 << 20) // (4 * g.num_features * block)))
+        for lo in range(0, n, rows):
+            hi = min(lo + rows, n)
+            x = np.empty((hi - lo, g.num_features), dtype=np.float32)
+            for b0 in range(lo, hi, block):  # one noise stream per block: chunking never changes it
+                part = x[b0 - lo : min(b0 + block, hi) - lo]
+                rng(_NOISE, b0 // block).standard_normal(part.shape, dtype=np.float32, out=part)
+            x += centroids[labels[lo:hi]]
+            if spec.features == "sparse":
+                np.maximum(x, 0.0, out=x)
+            feat_out.write(lo, x)
+            del x
+        feat_out.close()
+
+        np.save(tmp / "labels.npy", labels)
+        order = rng(_MASKS).permutation(n)
+        n_train, n_val, n_test = (round(f * n) for f in (g.train_fraction, g.val_fraction, g.test_fraction))
+        n_test = min(n_test, n - n_train - n_val)
+        for name, (lo, hi) in zip(MASK_FILES, ((0, n_train), (n_train, n_train + n_val),
+                                                (n_train + n_val, n_train + n_val + n_test))):
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[order[lo:hi]] = True
+            np.save(tmp / f"{name}.npy", mask)
+        del order
+        meta = {
+            "format": DATASET_FORMAT, "version": DATASET_VERSION, "name": g.name, "num_nodes": n,
+            "num_edges": 2 * m, "num_features": g.num_features, "num_classes": k, "directed": False,
+            # Every undirected pair listed both ways, once each, no self-loops: readers may skip
+            # symmetrization and deduplication.
+            "symmetric": True,
+            "generator": {"model": "streamed-chung-lu-sbm", "seed": int(seed), "features": spec.features,
+                          "block_vertices": block, **_asdict(g)},
+        }
+        (tmp / DATASET_META).write_text(_json.dumps(meta, indent=1) + "\n")
+        for child in tmp.iterdir():
+            _os.chmod(child, 0o644)
+        _os.chmod(tmp, 0o755)
+        if out.exists():
+            _shutil.rmtree(out)
+        _os.replace(tmp, out)
+    except BaseException:
+        _shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report(f"{g.name}: wrote {out}")
+    return meta
+
+
+MASK_FILES = ("train_mask", "val_mask", "test_mask")
