@@ -1,0 +1,319 @@
+r"""Streaming partitioning: assign ``N`` vertices to ``P`` parts from passes over edge chunks,
+then write the partition store part by part, never holding the edge set.
+
+Assignment (:func:`stream_assign`), for each pass over the edges in chunks of at most
+``chunk_edges``:
+
+* Every edge ``{u, v}`` of the chunk is read both ways (an undirected neighbourhood). The
+  chunk's vertices not yet decided in this pass are decided in ascending id, in vertex batches:
+  for a batch, ``c[v, p]`` = number of ``v``'s neighbours in this chunk that are currently in
+  part ``p`` (one ``np.bincount`` over the batch's edges).
+* LDG (Stanton & Kliot, KDD 2012) puts ``v`` in :math:`\arg\max_p c[v,p] (1 - s_p / C)`;
+  Fennel (Tsourakakis et al., WSDM 2014) in :math:`\arg\max_p c[v,p] - \alpha\gamma
+  s_p^{\gamma-1}` with :math:`\gamma = 1.5`, :math:`\alpha = \sqrt{P}\, M / N^{1.5}` (``M``
+  undirected edges). ``s_p`` is the part's current size and ``C = ceil((1 + imbalance) N / P)``
+  a hard capacity: no part ever exceeds it (a batch that would overfill a part keeps its
+  best-scoring vertices there and sends the rest to their next choice).
+* A vertex with no decided neighbour in the chunk carries no information: in the first pass it
+  goes to the emptiest parts in turn, in later passes it stays where it is.
+* Later passes (restreaming, Nishimura & Ugander, KDD 2013) see every neighbour already placed,
+  so each vertex is re-decided with more information; it moves only for a strictly better score.
+  Vertices that appear in no edge are placed last, in the emptiest parts.
+
+State: ``part_of`` (``int16`` when ``P <= 32767``) and a decided-this-pass flag per vertex, so
+``3 N`` bytes, plus one chunk's edges (about ``40`` bytes per edge of the chunk for the sorted
+both-ways copy and its batch temporaries).
+
+Writing (:func:`write_streamed_store`): one pass over the edges appends each in-edge
+``u -> v`` (and, for an undirected graph, ``v -> u``) to the temporary bucket file of ``v``'s
+part, as ``int32`` pairs when ids fit; then, one part at a time, its bucket is read back,
+deduplicated unless the input promises a simple symmetric edge list, and handed to the store
+writer. Peak memory is one part's in-edges plus the per-vertex arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from dorylus.errors import ConfigError, DatasetError
+from dorylus.normalize import sorted_unique
+
+STREAMING_METHODS = ("ldg", "fennel")
+DEFAULT_IMBALANCE = 0.05
+DEFAULT_PASSES = 2
+DEFAULT_CHUNK_EDGES = 1 << 23
+FENNEL_GAMMA = 1.5
+
+Chunks = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
+Progress = Callable[[str], None]
+
+
+def _part_dtype(num_parts: int) -> np.dtype:
+    return np.dtype(np.int16) if num_parts <= np.iinfo(np.int16).max else np.dtype(np.int32)
+
+
+def _batch_size(num_nodes: int, num_parts: int) -> int:
+    """Vertices decided together: sizes are updated between batches only, so a batch must be
+    small next to a part (1/64 of N/P) for the balance terms to stay current."""
+    return int(min(1 << 15, max(64, num_nodes // (64 * num_parts))))
+
+
+def check_streaming_args(num_nodes: int, num_parts: int, method: str, passes: int, imbalance: float,
+                         chunk_edges: int) -> None:
+    """One :class:`ConfigError` for the first bad argument of :func:`stream_assign`."""
+    if method not in STREAMING_METHODS:
+        raise ConfigError(f"unknown streaming partitioner {method!r}; valid: {', '.join(STREAMING_METHODS)}")
+    if not 1 <= int(num_parts) <= int(num_nodes):
+        raise ConfigError(f"number of parts must be between 1 and the number of vertices ({num_nodes}), got {num_parts}")
+    if isinstance(passes, bool) or int(passes) < 1:
+        raise ConfigError(f"passes must be an integer >= 1, got {passes!r}")
+    if not (isinstance(imbalance, (int, float)) and math.isfinite(imbalance) and 0.0 <= imbalance <= 1.0):
+        raise ConfigError(f"imbalance must be in [0, 1], got {imbalance!r}")
+    if isinstance(chunk_edges, bool) or int(chunk_edges) < 1:
+        raise ConfigError(f"chunk_edges must be an integer >= 1, got {chunk_edges!r}")
+
+
+def stream_assign(
+    num_nodes: int, chunks: Chunks, num_parts: int, method: str = "fennel", *, seed: int = 0,
+    passes: int = DEFAULT_PASSES, imbalance: float = DEFAULT_IMBALANCE, num_edges: int | None = None,
+    progress: Progress | None = None,
+) -> np.ndarray:
+    """Assign every vertex to one of ``num_parts`` parts from passes over edge chunks.
+
+    Args:
+        num_nodes: ``N``.
+        chunks: called once per pass; yields ``(src, dst)`` integer arrays (the caller bounds
+            their size). Direction is ignored.
+        num_parts: ``P``, ``1 <= P <= N``.
+        method: ``"ldg"`` or ``"fennel"`` (module docstring).
+        seed: rotates the order in which uninformed vertices fill the parts (equal seeds, equal
+            parts; the decisions themselves are deterministic).
+        passes: ``>= 1``; every pass after the first re-decides each vertex (restreaming).
+        imbalance: ``eps`` of the hard capacity ``ceil((1 + eps) N / P)``.
+        num_edges: undirected edge count for Fennel's ``alpha`` (``E / 2`` of a list holding both
+            directions); ``None`` counts the first pass' edges first (one extra pass).
+
+    Returns:
+        ``int64 [N]`` part per vertex; every part non-empty and at most the capacity.
+    """
+    n, p = int(num_nodes), int(num_parts)
+    if p == 1:
+        return np.zeros(n, dtype=np.int64)
+    report = progress or (lambda message: None)
+    capacity = int(math.ceil((1.0 + imbalance) * n / p))
+    if method == "fennel" and num_edges is None:
+        num_edges = sum(int(src.shape[0]) for src, _ in chunks())
+    alpha = math.sqrt(p) * max(int(num_edges or 0), 1) / n ** 1.5 if method == "fennel" else 0.0
+    part_of = np.full(n, -1, dtype=_part_dtype(p))
+    sizes = np.zeros(p, dtype=np.int64)
+    rotation = int(np.random.default_rng(seed).integers(p))
+    batch = _batch_size(n, p)
+    for pass_no in range(passes):
+        decided = np.zeros(n, dtype=np.bool_)
+        start = time.perf_counter()
+        seen_edges = 0
+        for src, dst in chunks():
+            seen_edges += int(src.shape[0])
+            _assign_chunk(np.asarray(src), np.asarray(dst), part_of, sizes, decided, capacity, method, alpha,
+                          pass_no > 0, batch, rotation)
+        # Vertices in no edge: the first pass left them undecided; place them in the emptiest parts.
+        loose = np.flatnonzero(part_of < 0)
+        if loose.size:
+            _fill(loose, part_of, sizes, capacity, rotation)
+        report(f"{method} pass {pass_no + 1}/{passes}: {seen_edges:,} edges ({time.perf_counter() - start:.1f} s), "
+               f"part sizes {sizes.min():,}..{sizes.max():,} (capacity {capacity:,})")
+    parts = part_of.astype(np.int64)
+    _ensure_nonempty(parts, sizes)
+    return parts
+
+
+def _water_level(sizes: np.ndarray, count: int, capacity: int, rotation: int) -> np.ndarray:
+    """How many of ``count`` uninformed vertices each part takes (``int64 [P]``, summing to
+    ``count``) so that the smallest parts rise to a common level, none beyond ``capacity``;
+    the last units go to the parts at the level in part order rotated by ``rotation``."""
+    p = sizes.size
+    room = np.maximum(capacity - sizes, 0)
+    if int(room.sum()) < count:
+        raise ConfigError("partition capacity too small for the vertices (raise imbalance)")
+
+    def filled(level: int) -> int:
+        return int(np.minimum(np.maximum(level - sizes, 0), room).sum())
+
+    lo, hi = int(sizes.min()), int(capacity)  # smallest level with filled(level) >= count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if filled(mid) >= count:
+            hi = mid
+        else:
+            lo = mid + 1
+    want = np.minimum(np.maximum(lo - 1 - sizes, 0), room)
+    short = count - int(want.sum())
+    if short:
+        open_parts = np.flatnonzero(want < np.minimum(np.maximum(lo - sizes, 0), room))
+        open_parts = open_parts[np.argsort((open_parts - rotation) % p, kind="stable")]
+        want[open_parts[:short]] += 1
+    return want
+
+
+def _fill(vertices: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, capacity: int, rotation: int) -> None:
+    """Place ``vertices`` (no information) so that part sizes even out (:func:`_water_level`)."""
+    want = _water_level(sizes, vertices.size, capacity, rotation)
+    part_of[vertices] = np.repeat(np.arange(sizes.size), want)
+    sizes += want
+
+
+def _assign_chunk(src: np.ndarray, dst: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, decided: np.ndarray,
+                  capacity: int, method: str, alpha: float, refine: bool, batch: int, rotation: int) -> None:
+    """Decide the chunk's undecided vertices, ``batch`` at a time (module docstring)."""
+    p = sizes.size
+    keep = src != dst
+    a = np.concatenate((src[keep], dst[keep])).astype(np.int64, copy=False)
+    b = np.concatenate((dst[keep], src[keep])).astype(np.int64, copy=False)
+    del keep
+    order = np.argsort(a, kind="stable")
+    a, b = a[order], b[order]
+    del order
+    if not a.size:
+        return
+    first = np.empty(a.size, dtype=np.bool_)
+    first[0] = True
+    np.not_equal(a[1:], a[:-1], out=first[1:])
+    vertices = a[first]
+    del first
+    vertices = vertices[~decided[vertices]]
+    if not vertices.size:
+        return
+    for lo in range(0, vertices.size, batch):
+        vs = vertices[lo : lo + batch]
+        e0, e1 = np.searchsorted(a, vs[0], side="left"), np.searchsorted(a, vs[-1], side="right")
+        row = np.searchsorted(vs, a[e0:e1])
+        row_ok = vs[np.minimum(row, vs.size - 1)] == a[e0:e1]  # edges of decided vertices in between
+        nb = part_of[b[e0:e1]].astype(np.int64)
+        row_ok &= nb >= 0
+        counts = np.bincount(row[row_ok] * p + nb[row_ok], minlength=vs.size * p).reshape(vs.size, p)
+        del row, row_ok, nb
+        current = part_of[vs].astype(np.int64)
+        if refine:  # take the batch out of its parts before re-deciding it
+            sizes -= np.bincount(current, minlength=p)
+        informed = counts.any(axis=1)
+        if method == "ldg":
+            score = counts * (1.0 - sizes / capacity)
+        else:
+            score = counts - alpha * FENNEL_GAMMA * np.power(sizes, FENNEL_GAMMA - 1.0)
+        # Ties go to the emptier part; a re-decided vertex stays unless another part is strictly better.
+        score = score - 1e-9 * sizes
+        if refine:
+            score[np.arange(vs.size), current] += 1e-6
+            score[~informed] = 0.0
+            score[~informed, current[~informed]] = 1.0
+        score[:, sizes >= capacity] = -np.inf
+        choice = np.argmax(score, axis=1)
+        if not refine and not informed.all():
+            blind = np.flatnonzero(~informed)
+            # The informed vertices' choices count against capacity before the blind fill.
+            taken = sizes + np.bincount(choice[informed], minlength=p)
+            want = _water_level(np.minimum(taken, capacity), blind.size, capacity, rotation)
+            choice[blind] = np.repeat(np.arange(p), want)
+            score[blind] = -1.0
+            score[blind, choice[blind]] = 1.0
+        choice = _enforce_capacity(score, choice, sizes, capacity)
+        part_of[vs] = choice
+        sizes += np.bincount(choice, minlength=p)
+        decided[vs] = True
+
+
+def _enforce_capacity(score: np.ndarray, choice: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
+    """Keep each part within ``capacity``: where a batch's choices overfill a part, its
+    best-scoring vertices stay and the others take their best part with room."""
+    p = sizes.size
+    while True:
+        wanted = np.bincount(choice, minlength=p)
+        over = np.flatnonzero(sizes + wanted > capacity)
+        if not over.size:
+            return choice
+        for part in over:
+            members = np.flatnonzero(choice == part)
+            room = max(0, capacity - int(sizes[part]))
+            rank = np.argsort(-score[members, part], kind="stable")
+            evicted = members[rank[room:]]
+            closed = np.ones(score.shape[0], dtype=np.bool_)
+            closed[members[rank[:room]]] = False
+            score[closed, part] = -np.inf  # full now: nobody else in the batch may move in
+            choice[evicted] = np.argmax(score[evicted], axis=1)
+            if np.isinf(score[evicted, choice[evicted]]).any():
+                raise ConfigError("partition capacity too small for the vertices (raise imbalance)")
+
+
+def _ensure_nonempty(parts: np.ndarray, sizes: np.ndarray) -> None:
+    """Move one vertex of the largest part into each empty part (only possible when N is
+    barely above P)."""
+    for empty in np.flatnonzero(sizes == 0):
+        largest = int(np.argmax(sizes))
+        parts[np.flatnonzero(parts == largest)[0]] = empty
+        sizes[largest] -= 1
+        sizes[empty] += 1
+
+
+# --------------------------------------------------------------------------------------------
+# quality
+
+
+@dataclass
+class CutStats:
+    """Quality of an assignment: ``edge_cut`` = fraction of (listed, non-loop) edges whose
+    endpoints lie in different parts; ``replication_factor`` = ``(N + sum_p ghosts_p) / N``,
+    the average number of parts holding a copy of a vertex (its owner plus every part with an
+    in-edge from it; for an undirected graph, any edge); ``balance`` = largest part over
+    ``N / P``."""
+
+    edge_cut: float
+    cut_edges: int
+    edges: int
+    replication_factor: float
+    ghosts: int
+    balance: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def cut_stats(num_nodes: int, chunks: Chunks, parts: np.ndarray, num_parts: int, *, directed: bool = False) -> CutStats:
+    """:class:`CutStats` of ``parts`` in one pass over the edge chunks. Memory: ``N * P`` flags."""
+    n, p = int(num_nodes), int(num_parts)
+    parts = np.asarray(parts, dtype=np.int64)
+    holds = np.zeros(n * p, dtype=np.bool_)  # holds[u * P + q]: part q keeps a ghost of u
+    cut = total = 0
+    for src, dst in chunks():
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        ps, pd = parts[src], parts[dst]
+        crossing = ps != pd
+        total += int(src.size)
+        cut += int(crossing.sum())
+        holds[src[crossing] * p + pd[crossing]] = True
+        if not directed:
+            holds[dst[crossing] * p + ps[crossing]] = True
+    ghosts = int(holds.sum())
+    sizes = np.bincount(parts, minlength=p)
+    return CutStats(edge_cut=cut / max(total, 1), cut_edges=cut, edges=total,
+                    replication_factor=(n + ghosts) / n, ghosts=ghosts, balance=float(sizes.max() * p / n))
+
+
+def array_chunks(src: np.ndarray, dst: np.ndarray, chunk_edges: int) -> Chunks:
+    """A :data:`Chunks` over in-memory arrays, ``chunk_edges`` at a time."""
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for lo in range(0, src.shape[0], chunk_edges):
+            yield src[lo : lo + chunk_edges], dst[lo : lo + chunk_edges]
+
+    return chunks
