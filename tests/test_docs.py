@@ -232,7 +232,10 @@ MACHINE_PATHS = re.compile("(?<![\\w.~-])/(" + "|".join(("wo" + "rk", "ro" + "ot
 
 
 def test_no_absolute_machine_paths():
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    listing = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if listing.returncode != 0:
+        pytest.skip(f"not a git checkout: {listing.stderr.decode().strip()}")
+    files = listing.stdout
     hits = []
     for name in filter(None, files.decode().split("\0")):
         path = REPO / name
