@@ -9,6 +9,7 @@ One message is one ZeroMQ multipart message::
 
     frame 0        header: UTF-8 JSON object, at most MAX_HEADER_BYTES
     frame 1 .. n   raw little-endian C-order tensor bytes, one frame per tensor
+    frame n + 1    (only when the header has ``doc``) a UTF-8 JSON document, at most MAX_DOC_BYTES
 
 The JSON header carries the protocol version ``v``, the operation ``op``, the non-default fields
 of :class:`Header` and ``t``: one ``[dtype, shape]`` pair per tensor frame. ``t`` is derived
@@ -52,6 +53,16 @@ ERROR          server -> any           code, message                            
   is the sending partition and ``rows`` the range inside the receiver's ghost block from it.
 * ``req`` is a request id chosen by the requester and copied into the reply (:func:`reply_to`),
   so a DEALER client may keep several requests in flight.
+
+Documents
+---------
+Variable-length control data (a graph server's finished-epoch reports, for one) never travels
+in ``meta``, whose strings are capped at :data:`MAX_MESSAGE_CHARS`: it goes in the header's
+``doc``, any JSON value, sent as one extra frame after the tensors (the wire header's ``doc`` is
+that frame's byte length). A document is at most :data:`MAX_DOC_BYTES`, below every receiver's
+frame limit (:data:`dorylus.sockets.MIN_LIMIT_BYTES`), so it is never dropped by ZeroMQ; a sender
+with more to say sends it in several replies (:func:`take_fitting` picks what fits one).
+Malformed, oversized or non-finite documents are ``bad_doc``.
 
 Sparse rows
 -----------
@@ -116,6 +127,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_TENSORS = 64
 MAX_NDIM = 8
 MAX_MESSAGE_CHARS = 1024
+MAX_DOC_BYTES = 512 * 1024  # half of sockets.MIN_LIMIT_BYTES: every receiver takes a document frame
 _MAX_ID = 2**63 - 1
 
 
@@ -163,6 +175,7 @@ ERROR_CODES = frozenset({
     "bad_sparse",        # a CSR payload (``csr``) that is malformed, or on an op that cannot carry one
     "epoch_ahead",       # an epoch beyond what the receiver's scheduler can accept yet (see check_epoch)
     "forbidden",         # the sender's CURVE key (role) may not send this (dorylus.curve.check_allowed)
+    "bad_doc",           # the JSON document frame (``doc``) is malformed, too large or not finite
 })
 
 
@@ -227,6 +240,7 @@ class Header:
     message: str | None = None           # ERROR: human-readable reason
     meta: dict[str, Any] = field(default_factory=dict)  # flat str -> int/float/str/bool/None
     csr: dict[str, int] = field(default_factory=dict)   # ROWS: names carried as CSR -> column count
+    doc: Any = None                      # any JSON value, carried in its own frame (see "Documents")
 
     @property
     def key(self) -> tuple[str | None, int | None, int | None, int | None]:
@@ -351,8 +365,9 @@ def _check_meta(meta: object, req: int | None) -> dict[str, Any]:
     return meta  # type: ignore[return-value]
 
 
-def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, tuple[int, ...]]]]:
-    """Check a wire dict field by field (everything but frames and bounds) and type it."""
+def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, tuple[int, ...]]], int]:
+    """Check a wire dict field by field (everything but frames and bounds) and type it; also
+    returns the byte length of the document frame (0: none). ``doc`` itself is left unset."""
     raw_req = d.get("req", 0)
     req = raw_req if _is_int(raw_req) and 0 <= raw_req <= _MAX_ID else None
 
@@ -406,6 +421,10 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
     if set(csr) - set(kw["names"]):
         _fail("bad_sparse", f"csr names {sorted(set(csr) - set(kw['names']))[:5]} are not in names", req)
     kw["csr"] = dict(csr)
+    doc_bytes = d.get("doc", 0)
+    if not _is_int(doc_bytes) or not 0 <= doc_bytes <= MAX_DOC_BYTES:
+        _fail("bad_doc", f"doc must be the document frame's byte length, at most {MAX_DOC_BYTES}, "
+                         f"got {doc_bytes!r:.40}", req)
     header = Header(**kw)
 
     for name in spec.required:
@@ -447,7 +466,7 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
             if shape[0] != stop - start:
                 _fail("row_count", f"tensor {i} has {shape[0]} rows, range [{start}, {stop}) has {stop - start}", req)
         specs.append((DTYPES[dtype_name], tuple(shape)))
-    return header, specs
+    return header, specs, doc_bytes
 
 
 ROWS_ROLE = "rows"
@@ -501,7 +520,7 @@ def _wire_dict(header: Header, tensors: Sequence[np.ndarray]) -> dict[str, Any]:
     d: dict[str, Any] = {"v": PROTOCOL_VERSION, "op": Op(header.op).value}
     for name in _FIELDS:
         value = getattr(header, name)
-        if name == "op" or value is None:
+        if name in ("op", "doc") or value is None:  # doc: its length is set by encode, beside its frame
             continue
         if name in _INT_FIELDS or name in ("req", "attempt"):
             value = operator.index(value)  # numpy integers are fine; floats are not
@@ -551,8 +570,11 @@ def encode(header: Header, tensors: Sequence[np.ndarray] = ()) -> list[Any]:
         if a.dtype != wire or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a, dtype=wire)
         arrays.append(a)
+    doc = encode_doc(header.doc) if header.doc is not None else None
     try:
         d = _wire_dict(header, arrays)
+        if doc is not None:
+            d["doc"] = len(doc)
         raw = json.dumps(d, separators=(",", ":"), allow_nan=False, default=_json_default).encode()
     except ProtocolError:
         raise
@@ -568,7 +590,35 @@ def encode(header: Header, tensors: Sequence[np.ndarray] = ()) -> list[Any]:
         if a.dtype == np.bool_ and a.size and a.view(np.uint8).max() > 1:
             raise ProtocolError("bad_bool", "bool tensor holds bytes other than 0 and 1")
         frames.append(a.reshape(-1).view(np.uint8))  # a flat byte buffer is what every zmq version takes
+    if doc is not None:
+        frames.append(doc)
     return frames
+
+
+def encode_doc(doc: Any) -> bytes:
+    """The document frame of ``doc``: compact JSON; ``bad_doc`` when it is not finite JSON or
+    above :data:`MAX_DOC_BYTES`."""
+    try:
+        raw = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=_json_default).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ProtocolError("bad_doc", f"document not encodable as finite JSON: {str(exc)[:80]}") from None
+    if len(raw) > MAX_DOC_BYTES:
+        raise ProtocolError("bad_doc", f"document is {len(raw)} bytes (limit {MAX_DOC_BYTES}); send it in parts "
+                                       "(protocol.take_fitting)")
+    return raw
+
+
+def take_fitting(items: Sequence[Any], limit: int = MAX_DOC_BYTES) -> int:
+    """How many of ``items``, from the first, fit in one document (a JSON list) of at most
+    ``limit`` bytes; at least 1 when there is any (a single item above the limit is the
+    caller's to refuse: :func:`encode_doc` will)."""
+    size, count = 2, 0  # the brackets
+    for item in items:
+        size += len(encode_doc(item)) + (1 if count else 0)
+        if count and size > limit:
+            break
+        count += 1
+    return count
 
 
 def _frame_buffer(frame: Any) -> memoryview:
@@ -593,10 +643,15 @@ def decode(frames: Sequence[Any], bounds: Bounds | None = None, *,
         raise ProtocolError("bad_header", f"header is not UTF-8 JSON ({str(exc)[:80]})") from None
     if not isinstance(d, dict):
         raise ProtocolError("bad_header", f"header is a JSON {type(d).__name__}, not an object")
-    header, specs = _header_from_wire(d)
+    header, specs, doc_bytes = _header_from_wire(d)
     req = header.req
-    if len(frames) - 1 != len(specs):
-        raise ProtocolError("frame_count", f"header lists {len(specs)} tensor(s), message has {len(frames) - 1}", req=req)
+    expected_frames = len(specs) + (1 if doc_bytes else 0)
+    if len(frames) - 1 != expected_frames:
+        raise ProtocolError("frame_count", f"header lists {len(specs)} tensor(s)"
+                            + (" and a document" if doc_bytes else "") + f", message has {len(frames) - 1} frame(s) "
+                            f"after the header", req=req)
+    if doc_bytes:
+        header = dataclasses.replace(header, doc=_decode_doc(frames[-1], doc_bytes, req))
     if bounds is not None:
         bounds.check(header)
 
@@ -617,6 +672,16 @@ def decode(frames: Sequence[Any], bounds: Bounds | None = None, *,
         tensors.append(arr)
     _check_csr_arrays(header, tensors)
     return header, tensors
+
+
+def _decode_doc(frame: Any, length: int, req: int) -> Any:
+    buf = _frame_buffer(frame)
+    if buf.nbytes != length:
+        raise ProtocolError("bad_doc", f"document frame has {buf.nbytes} bytes, the header says {length}", req=req)
+    try:
+        return json.loads(bytes(buf).decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError("bad_doc", f"document is not finite UTF-8 JSON ({str(exc)[:80]})", req=req) from None
 
 
 def _name_of(header: Header, i: int) -> str:

@@ -14,8 +14,16 @@ and the scheduler in which order and under which mode (:mod:`graphserver.schedul
   (:func:`dorylus.config.server_view`, in ``meta``), for the coordinator to check against its
   own in cluster mode.
 * ``train`` {first, last, epochs, eval_every}: run epochs ``first..last`` in the background.
-* ``progress`` {min_epoch}: take the finished epochs' reports (JSON in ``meta["reports"]``);
-  ``min_epoch`` is the coordinator's oldest epoch not finished everywhere (the async gate).
+* ``progress`` {min_epoch}: take the finished epochs' reports, oldest first, as the reply's
+  document (a JSON list in its own frame, :mod:`dorylus.protocol` "Documents"); at most
+  :data:`protocol.MAX_DOC_BYTES` per reply, ``meta["more"]`` says that more are waiting, so a
+  coordinator that fell any number of epochs behind loses none. ``min_epoch`` is the
+  coordinator's oldest epoch not finished everywhere (the async gate).
+
+Command fields are checked before anything changes: a missing, null or wrong-typed one is
+``bad_command`` naming it. Any exception while handling one message is logged with its
+sender, counted (``rejected.<code>`` in STATS; ``internal`` for a failure that is not a
+ProtocolError) and answered with ERROR where the sender waits for a reply; the loop goes on.
 
 HELLO's READY says which part this server owns, its store's fingerprint, where functions dial
 it (``endpoint``: the ``--advertise`` address, else the bound one), its message limit, and
@@ -39,7 +47,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
-import json
 import signal
 import sys
 import time
@@ -220,11 +227,32 @@ class GraphServer:
                 curve.authorize("graphserver", f"graph server {self.part_id}", self.keys is not None, identity, header,
                                 frames[1])
                 await self._dispatch(identity, header, tensors)
-            except (ProtocolError, TaskFailed, ValueError, KeyError) as exc:
-                if isinstance(exc, ProtocolError):
-                    self.rejected.count(exc)
-                if header is None or header.op in protocol.REQUESTS:
-                    await self._reply(identity, protocol.error_reply(header, exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # whatever one message does, the server keeps serving the others
+                await self._refuse(identity, header, exc)
+
+    async def _refuse(self, identity: bytes, header: Header | None, exc: Exception) -> None:
+        """Count and log a message that failed, and answer ERROR if its sender waits for a reply."""
+        expected = isinstance(exc, (ProtocolError, TaskFailed))
+        # A TaskFailed is this server's training failure, answered to the coordinator's progress.
+        counted = exc if isinstance(exc, ProtocolError) else ProtocolError(
+            "task_failed" if isinstance(exc, TaskFailed) else "internal", str(exc))
+        self.rejected.count(counted)
+        code_count = self.rejected.as_dict().get(counted.code, 0)
+        # The first few of each kind, then every thousandth: a flood of bad messages must not fill the disk.
+        if code_count <= 10 or code_count % 1000 == 0:
+            what = f"{header.op.value} req {header.req}" if header is not None else "an undecodable message"
+            print(f"graph server {self.part_id}: refused {what} from peer {identity.hex()} "
+                  f"({code_count} {counted.code} so far): "
+                  + (str(exc) if expected else f"{type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
+        if header is not None and header.op not in protocol.REQUESTS:
+            return
+        try:
+            await self._reply(identity, protocol.error_reply(header, exc))
+        except Exception as reply_exc:  # the peer is gone or the reply unencodable: nothing more to do
+            print(f"graph server {self.part_id}: could not answer peer {identity.hex()}: "
+                  f"{type(reply_exc).__name__}: {reply_exc}", file=sys.stderr, flush=True)
 
     def current_epoch(self) -> int:
         """The oldest epoch this server has not finished: the base of the epoch window."""
@@ -439,29 +467,36 @@ class GraphServer:
         m = header.meta
         command = m.get("command")
         if command == "connect":
-            asyncio.create_task(self._connect(identity, header, [e for e in str(m["peers"]).split(",")]))
+            peers = command_field(header, "peers", str)
+            asyncio.create_task(self._connect(identity, header, peers.split(",")))
             return
         if command == "config":
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta=server_view(self.config.to_dict())))
         elif command == "train":
+            first = command_field(header, "first", int, minimum=1)
+            last = command_field(header, "last", int, minimum=first)
+            epochs = command_field(header, "epochs", int, minimum=last)
+            eval_every = command_field(header, "eval_every", int, minimum=1)
             if self.training is not None and not self.training.done():
                 raise ProtocolError("bad_command", "already training", req=header.req)
-            self.first_epoch = int(m["first"])
-            self.scheduler = Scheduler(self, first=int(m["first"]), last=int(m["last"]), epochs=int(m["epochs"]),
-                                       eval_every=int(m["eval_every"]))
+            self.first_epoch = first
+            self.scheduler = Scheduler(self, first=first, last=last, epochs=epochs, eval_every=eval_every)
             self.failure = None
             self.training = asyncio.create_task(self._train())
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={"intervals": len(self.state.intervals)}))
         elif command == "progress":
-            if int(m.get("min_epoch", 0)) > self.min_epoch:
-                self.min_epoch = int(m["min_epoch"])
+            min_epoch = command_field(header, "min_epoch", int, minimum=0, default=0)
+            if min_epoch > self.min_epoch:
+                self.min_epoch = min_epoch
                 self.gate_changed.set()
             if self.failure is not None:
                 raise TaskFailed(self.failure)
-            reports, self.reports = self.reports, []
+            # Oldest first and bounded per reply: what does not fit waits for the next progress.
+            count = protocol.take_fitting(self.reports)
+            reports, self.reports = self.reports[:count], self.reports[count:]
             done = self.training is not None and self.training.done()
-            await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={
-                "reports": json.dumps(reports), "done": done}))
+            reply = protocol.reply_to(header, Op.ACK, meta={"done": done, "more": bool(self.reports)}, doc=reports)
+            await self._reply(identity, reply)
         else:
             raise ProtocolError("bad_command", f"unknown command {command!r:.40}", req=header.req)
 
@@ -511,6 +546,26 @@ class GraphServer:
             self.auth = None
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.ctx.term()
+
+
+_MISSING = object()
+
+
+def command_field(header: Header, name: str, kind: type, *, minimum: int | None = None, default: Any = _MISSING) -> Any:
+    """``header.meta[name]`` of a COMMAND, checked: present (or ``default`` when absent; null is
+    never accepted), of ``kind`` (an int is not a bool), at least ``minimum``; else ``bad_command``
+    naming the command and the field."""
+    command = header.meta.get("command")
+    value = header.meta.get(name, default)
+    if value is _MISSING:
+        raise ProtocolError("bad_command", f"command {command!r} needs meta[{name!r}]", req=header.req)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError("bad_command", f"command {command!r}: meta[{name!r}] must be {kind.__name__}, got "
+                            f"{value!r:.40}", req=header.req)
+    if minimum is not None and value < minimum:
+        raise ProtocolError("bad_command", f"command {command!r}: meta[{name!r}] must be >= {minimum}, got {value}",
+                            req=header.req)
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
