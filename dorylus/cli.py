@@ -84,22 +84,56 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from dorylus.data.loaders import load_dataset
+    from dorylus.data.loaders import load_dataset, open_edge_stream
     from dorylus.partition import assign_parts, check_store_target, format_stats, open_store, partition_stats, write_store
+    from dorylus.partition.partitioner import choose_method
+    from dorylus.partition.streaming import STREAMING_METHODS, check_streaming_args, stream_assign, write_streamed_store
 
     check_store_target(args.out, args.overwrite)  # before the minutes of loading and partitioning
+    if args.tmp_dir is not None and not args.tmp_dir.is_dir():
+        raise ConfigError(f"--tmp-dir {args.tmp_dir} is not an existing directory")
     start = time.perf_counter()
-    dataset = load_dataset(args.dataset)
-    _stderr_progress(f"loaded {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges "
-                     f"({time.perf_counter() - start:.1f} s)")
+    method, stream, dataset = args.method, None, None
+    if method == "auto" or method in STREAMING_METHODS:
+        stream = open_edge_stream(args.dataset)
+        stream.count_edges(args.chunk_edges)
+        _stderr_progress(f"opened {stream.name}: {stream.num_nodes:,} vertices, {stream.num_edges:,} edges "
+                         f"({time.perf_counter() - start:.1f} s)")
+        if method == "auto":
+            budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
+            method, why = choose_method(stream.num_nodes, stream.num_edges, stream.symmetric, budget)
+            _stderr_progress(f"--method auto: {why}")
     start = time.perf_counter()
-    parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, args.method, seed=args.seed)
-    _stderr_progress(f"{args.method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
-    start = time.perf_counter()
-    write_store(dataset, parts, args.out, method=args.method, seed=args.seed, overwrite=args.overwrite,
-                sparse_features=args.sparse_features, progress=_stderr_progress)
+    if method in STREAMING_METHODS:
+        check_streaming_args(stream.num_nodes, args.parts, method, args.passes, args.imbalance, args.chunk_edges)
+        parts = stream_assign(stream.num_nodes, lambda: stream.chunks(args.chunk_edges), args.parts, method,
+                              seed=args.seed, passes=args.passes, imbalance=args.imbalance,
+                              num_edges=max(1, stream.num_edges // 2 if stream.symmetric else stream.num_edges),
+                              progress=_stderr_progress)
+        _stderr_progress(f"{method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
+        start = time.perf_counter()
+        write_streamed_store(stream, parts, args.out, num_parts=args.parts, method=method, seed=args.seed,
+                             overwrite=args.overwrite, sparse_features=args.sparse_features,
+                             chunk_edges=args.chunk_edges, tmp_dir=args.tmp_dir, progress=_stderr_progress)
+    else:
+        dataset = stream.in_memory if stream is not None and stream.in_memory is not None else None
+        del stream
+        if dataset is None:
+            dataset = load_dataset(args.dataset)
+            _stderr_progress(f"loaded {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges "
+                             f"({time.perf_counter() - start:.1f} s)")
+        start = time.perf_counter()
+        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, method, seed=args.seed)
+        _stderr_progress(f"{method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
+        start = time.perf_counter()
+        write_store(dataset, parts, args.out, method=method, seed=args.seed, overwrite=args.overwrite,
+                    sparse_features=args.sparse_features, progress=_stderr_progress)
     _stderr_progress(f"wrote {args.out} ({time.perf_counter() - start:.1f} s)")
-    print(format_stats(partition_stats(open_store(args.out, verify=False))))
+    stats = partition_stats(open_store(args.out, verify=False))
+    print(format_stats(stats))
+    total = stats["global"]
+    print(f"replication factor (owned + ghosts) / N: "
+          f"{(total['num_nodes'] + total['ghosts']) / total['num_nodes']:.3f} ({method})")
     return 0
 
 
@@ -137,13 +171,64 @@ def _model_traffic(args: argparse.Namespace, meta, stats: dict) -> str:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dorylus.data.loaders import save_npz
-    from dorylus.data.synthetic import generate_preset
+    from dorylus.data.synthetic import STREAMED_PRESETS, generate_preset, write_streamed
 
+    if args.preset in STREAMED_PRESETS:
+        if args.out.suffix.lower() == ".npz":
+            raise ConfigError(f"{args.preset} is written as a dataset directory, not an .npz: give --out a directory path")
+        meta = write_streamed(args.preset, args.out, seed=args.seed, chunk_vertices=args.chunk_vertices,
+                              overwrite=args.overwrite, progress=_stderr_progress)
+        print(f"wrote {args.out}: {meta['num_nodes']:,} vertices, {meta['num_edges']:,} edges, "
+              f"{meta['num_features']} features, {meta['num_classes']} classes (dataset directory)")
+        return 0
+    if args.chunk_vertices is not None:
+        raise ConfigError(f"--chunk-vertices applies to the streamed presets ({', '.join(STREAMED_PRESETS)}), "
+                          f"not {args.preset}")
     dataset = generate_preset(args.preset, seed=args.seed, progress=_stderr_progress)
     save_npz(dataset, args.out)
     print(f"wrote {args.out}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, "
           f"{dataset.num_features} features, {dataset.num_classes} classes")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def cmd_package_lambda(args: argparse.Namespace) -> int:
@@ -219,14 +304,43 @@ def build_parser() -> argparse.ArgumentParser:
     keys.set_defaults(func=cmd_keys)
 
     part = sub.add_parser("partition", help="partition a dataset into a partition store",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Partition a dataset and write the partition store (meta.json + part-<i>/), "
-                                      "then print per-partition statistics.")
-    part.add_argument("--dataset", required=True, help="preset name or path (.npz, edge list, OGB directory)")
-    part.add_argument("--parts", type=int, required=True, help="number of partitions (graph servers)")
-    part.add_argument("--method", default="metis", choices=("metis", "random", "contiguous"),
-                      help="metis: k-way min edge cut (pymetis); random: seeded balanced; contiguous: id ranges")
+                                      "then print per-partition statistics and the replication factor.\n\n"
+                                      "--method auto (the default) estimates METIS' memory as 16 bytes per listed "
+                                      "edge (the in-memory edge list) + 110 bytes per adjacency entry (E entries "
+                                      "when the list holds both directions of each pair, as generated datasets do, "
+                                      "else 2E; measured on a 10M-edge graph) + 64 bytes per vertex, and uses METIS "
+                                      "if that fits --memory-budget-gb (default: 60% of MemAvailable), else Fennel. "
+                                      "ldg and fennel stream the edges in chunks of --chunk-edges: memory is about 3 "
+                                      "bytes per vertex plus one chunk, and the store is written one part at a time "
+                                      "from in-edge buckets in temporary files (--tmp-dir).")
+    part.add_argument("--dataset", required=True,
+                      help="preset name or path (.npz, edge list, OGB directory, dataset directory from `dorylus "
+                           "generate`); ldg/fennel read dataset directories, .npz and edge lists in chunks, "
+                           "other formats whole")
+    part.add_argument("--parts", type=_positive_int, required=True, help="number of partitions (graph servers)")
+    part.add_argument("--method", default="auto", choices=("auto", "metis", "ldg", "fennel", "random", "contiguous"),
+                      help="auto (default): metis if its memory estimate fits the budget, else fennel (rule above); "
+                           "metis: k-way min edge cut (pymetis, 32-bit CSR built in row blocks); ldg / fennel: "
+                           "streaming over edge chunks with --passes passes; random: seeded balanced; contiguous: "
+                           "id ranges")
+    part.add_argument("--passes", type=_positive_int, default=2,
+                      help="ldg/fennel: passes over the edges; every pass after the first re-decides each vertex "
+                           "with its neighbours already placed (default 2)")
+    part.add_argument("--imbalance", type=_fraction, default=0.05,
+                      help="ldg/fennel: no part exceeds ceil((1 + IMBALANCE) * N / parts) vertices, in [0, 1] "
+                           "(default 0.05)")
+    part.add_argument("--chunk-edges", type=_positive_int, default=1 << 23,
+                      help="ldg/fennel: edges read per chunk (default 8388608: about 0.3 GB of temporaries)")
+    part.add_argument("--tmp-dir", type=Path, default=None,
+                      help="ldg/fennel: existing directory for the in-edge buckets, about 8 bytes per in-edge, "
+                           "removed at the end (default: beside --out)")
+    part.add_argument("--memory-budget-gb", type=_positive_float, default=None,
+                      help="auto: memory METIS may use, in GiB (default: 60%% of MemAvailable)")
     part.add_argument("--out", required=True, type=Path, help="output directory (must not exist or be empty)")
-    part.add_argument("--seed", type=int, default=0, help="seed for the random method and METIS (default 0)")
+    part.add_argument("--seed", type=_non_negative_int, default=0,
+                      help="seed for random, METIS and the streaming methods' fill order (default 0)")
     part.add_argument("--overwrite", action="store_true", help="replace an existing store (atomically)")
     part.add_argument("--sparse-features", default="auto", choices=("auto", "on", "off"),
                       help="store the features as CSR: 'auto' (default) when a part's density is below 0.1")
@@ -244,11 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
         inspect.add_argument(flag, type=int, help=f"with --model: {what} (default: train's)")
     inspect.set_defaults(func=cmd_inspect)
 
-    gen = sub.add_parser("generate", help="generate a synthetic dataset preset into an .npz file",
-                         description="Generate a seeded synthetic graph (a preset) and save it as .npz.")
-    gen.add_argument("preset", help="preset name: synthetic-small, synthetic-1m, synthetic-reddit")
-    gen.add_argument("--out", required=True, type=Path, help="output .npz path")
-    gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    from dorylus.data.synthetic import preset_names, streamed_preset_names
+
+    gen = sub.add_parser("generate", help="generate a synthetic dataset preset (.npz, or a dataset directory)",
+                         description="Generate a seeded synthetic graph (a preset). In-memory presets "
+                                     f"({', '.join(preset_names())}) are saved as .npz; streamed presets "
+                                     f"({', '.join(streamed_preset_names())}) are written to a dataset directory "
+                                     "(meta.json + memory-mappable .npy files) a chunk of sources at a time, without "
+                                     "holding the edges: about 80 bytes per vertex plus one chunk.")
+    gen.add_argument("preset", help="preset name: " + ", ".join(preset_names() + streamed_preset_names()))
+    gen.add_argument("--out", required=True, type=Path,
+                     help="output .npz path (in-memory presets) or directory (streamed presets)")
+    gen.add_argument("--seed", type=_non_negative_int, default=0, help="generator seed (default 0)")
+    gen.add_argument("--chunk-vertices", type=_positive_int, default=None,
+                     help="streamed presets: sources generated per chunk (memory only; the output is the same "
+                          "for every value; default: about 4M pairs per chunk)")
+    gen.add_argument("--overwrite", action="store_true",
+                     help="streamed presets: replace an existing directory (an .npz is always replaced)")
     gen.set_defaults(func=cmd_generate)
 
     pack = sub.add_parser("package-lambda", help="build the AWS Lambda function zip (numpy + pyzmq + lambdas/)",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -286,12 +285,17 @@ class Cluster:
 
     def command(self, command: str, **meta: Any) -> list[dict[str, Any]]:
         """Send one command to every graph server at once; returns their replies' meta, by part."""
+        return [dict(reply.meta) for reply in self.command_replies(command, **meta)]
+
+    def command_replies(self, command: str, **meta: Any) -> list[Header]:
+        """Send one command to every graph server at once; returns their reply headers (``doc``
+        included), by part."""
         reqs = []
         for socket in self.servers:
             req = next(self._ids)
             protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": command, **meta}))
             reqs.append(req)
-        return [dict(self._await(s, r, command, command)[0].meta) for s, r in zip(self.servers, reqs)]
+        return [self._await(s, r, command, command)[0] for s, r in zip(self.servers, reqs)]
 
     def ps_request(self, header: Header, tensors: list[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
         start = time.monotonic()
@@ -464,11 +468,24 @@ class DistributedTrainer:
         self.epoch_end = time.perf_counter()
 
     def _poll(self) -> None:
-        min_epoch = min(self.finished) + 1
-        for part, meta in enumerate(self.cluster.command("progress", min_epoch=min_epoch)):
-            for report in json.loads(meta["reports"]):
-                self.reports.setdefault(report["epoch"], []).append(report)
-                self.finished[part] = max(self.finished[part], report["epoch"])
+        """Take every report the graph servers hold. A server sends its reports oldest first and
+        at most a document's worth per reply (``more``: some still wait), so a coordinator that
+        was stopped for a while asks again at once until it has caught up."""
+        more = True
+        while more:
+            min_epoch = min(self.finished) + 1
+            replies = self.cluster.command_replies("progress", min_epoch=min_epoch)
+            more = False
+            for part, reply in enumerate(replies):
+                reports = reply.doc if reply.doc is not None else []
+                if not isinstance(reports, list) or not all(isinstance(r, dict) and isinstance(r.get("epoch"), int)
+                                                            for r in reports):
+                    raise ClusterError(f"graph server {part} answered progress with a malformed report list "
+                                       f"({str(reports)[:80]})")
+                for report in reports:
+                    self.reports.setdefault(report["epoch"], []).append(report)
+                    self.finished[part] = max(self.finished[part], report["epoch"])
+                more = more or reply.meta.get("more") is True
 
     def step(self, epoch: int) -> dict[str, Any]:
         if not self.started:

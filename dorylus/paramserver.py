@@ -276,7 +276,21 @@ class ParameterServer:
     def _serve(self) -> None:
         while not self._stop.is_set():
             if self._socket.poll(_POLL_MS, zmq.POLLIN):
-                self._handle(self._socket.recv_multipart(copy=False))
+                frames = self._socket.recv_multipart(copy=False)
+                try:
+                    self._handle(frames)
+                except Exception as exc:  # _handle answers what it can; nothing one message does stops the loop
+                    self._refused(frames[0].bytes, None, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+
+    def _refused(self, identity: bytes, header: Header | None, exc: ProtocolError) -> None:
+        """Count a message that failed and log it with its sender: the first few of each kind,
+        then every thousandth, so that a flood of bad messages cannot fill the disk."""
+        self.counters.count(exc)
+        seen = self.counters.as_dict().get(exc.code, 0)
+        if seen <= 10 or seen % 1000 == 0:
+            what = f"{header.op.value} req {header.req}" if header is not None else "a message"
+            print(f"paramserver: refused {what} from peer {identity.hex()} ({seen} {exc.code} so far): {exc.message}",
+                  file=sys.stderr, flush=True)
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
@@ -295,17 +309,19 @@ class ParameterServer:
                 return
             reply, out = answer
         except ProtocolError as exc:
-            self.counters.count(exc)
+            self._refused(identity, header, exc)
             if header is not None and header.op not in REQUESTS:
                 return  # READY, ACK, ERROR ... sent to us expect no reply: drop (counted)
             reply, out = error_reply(header, exc), []
         except Exception as exc:  # a bug must not kill the server; the client learns what failed
-            self.counters.count(ProtocolError("internal", str(exc)))
+            self._refused(identity, header, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
+            if header is not None and header.op not in REQUESTS:
+                return
             reply, out = error_reply(header, exc), []
         try:
             payload = encode(reply, out)
         except ProtocolError as exc:  # our own reply is unencodable (a bug): still answer
-            self.counters.count(ProtocolError("internal", exc.message))
+            self._refused(identity, header, ProtocolError("internal", f"unencodable reply: {exc.message}"))
             payload = encode(error_reply(header, exc))
         self._send(identity, payload)
 
@@ -316,10 +332,14 @@ class ParameterServer:
     def _answer_deferred(self) -> None:
         waiting, self._deferred = self._deferred, []
         for identity, header in waiting:
+            # Each waiting request on its own: one that fails must not lose the others' answers.
             try:
                 answer = self._commands[header.meta["command"]](header)
             except ProtocolError as exc:  # e.g. the state asked for is gone after a set_state
-                self.counters.count(exc)
+                self._refused(identity, header, exc)
+                answer = error_reply(header, exc), []
+            except Exception as exc:
+                self._refused(identity, header, ProtocolError("internal", f"{type(exc).__name__}: {exc}"))
                 answer = error_reply(header, exc), []
             if answer is None:
                 self._deferred.append((identity, header))

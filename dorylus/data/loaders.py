@@ -807,6 +807,13 @@ class EdgeStream:
     where: str
     _chunks: Callable[[int], Iterator[tuple[np.ndarray, np.ndarray]]]
     _vertices: Callable[[], dict]
+    in_memory: GraphDataset | None = None  # set when the format had to be loaded whole
+
+    def count_edges(self, chunk_edges: int = DEFAULT_CHUNK_EDGES) -> int:
+        """``num_edges``, counted with one pass when the format does not say (edge lists)."""
+        if self.num_edges < 0:
+            self.num_edges = sum(int(src.shape[0]) for src, _ in self.chunks(chunk_edges))
+        return self.num_edges
 
     def chunks(self, chunk_edges: int = DEFAULT_CHUNK_EDGES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(src, dst)`` pairs of ``int64`` arrays of at most ``chunk_edges`` edges, in file
@@ -841,7 +848,7 @@ class EdgeStream:
                     **{key: getattr(dataset, key) for key in MASK_NAMES}}
 
         return cls(dataset.name, dataset.num_nodes, dataset.num_edges, dataset.num_features, dataset.num_classes,
-                   dataset.directed, False, where, chunks, vertices)
+                   dataset.directed, False, where, chunks, vertices, in_memory=dataset)
 
 
 def _read_slices(path: Path, offset: int, dtype: np.dtype, count: int, size: int) -> Iterator[np.ndarray]:

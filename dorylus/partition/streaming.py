@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from dorylus.data.graph import MASK_NAMES
 from dorylus.errors import ConfigError, DatasetError
 from dorylus.normalize import sorted_unique
 
@@ -317,3 +318,122 @@ def array_chunks(src: np.ndarray, dst: np.ndarray, chunk_edges: int) -> Chunks:
             yield src[lo : lo + chunk_edges], dst[lo : lo + chunk_edges]
 
     return chunks
+
+
+# --------------------------------------------------------------------------------------------
+# writing the store part by part
+
+
+def _bucket_edges(stream, parts: np.ndarray, num_parts: int, tmp: Path, chunk_edges: int,
+                  report: Progress) -> tuple[list[Path], np.ndarray | None, np.dtype]:
+    """One pass over the edges: append in-edge ``(dst, src)`` pairs to ``tmp/part-<i>.bin``
+    by the part of ``dst`` (both ways for an undirected graph unless the stream lists both
+    already). Returns the bucket paths, the in-degree when the stream promises a simple
+    symmetric list (else ``None``: buckets must be deduplicated first) and the pair dtype."""
+    n, p = stream.num_nodes, num_parts
+    ids = np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
+    paths = [tmp / f"part-{i}.bin" for i in range(p)]
+    files = [open(path, "wb") for path in paths]
+    degree = np.zeros(n, dtype=np.int64) if stream.symmetric else None
+    both_ways = not stream.directed and not stream.symmetric
+    start, edges = time.perf_counter(), 0
+    try:
+        for src, dst in stream.chunks(chunk_edges):
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+            if both_ways:
+                src, dst = np.concatenate((src, dst)), np.concatenate((dst, src))
+            owner = parts[dst]
+            order = np.argsort(owner, kind="stable")
+            pairs = np.empty((src.size, 2), dtype=ids)
+            pairs[:, 0] = dst[order]
+            pairs[:, 1] = src[order]
+            bounds = np.concatenate(([0], np.cumsum(np.bincount(owner, minlength=p))))
+            for i in range(p):
+                pairs[bounds[i] : bounds[i + 1]].tofile(files[i])
+            if degree is not None:
+                degree += np.bincount(dst, minlength=n)
+            edges += int(keep.size)
+            del keep, owner, order, pairs
+        report(f"bucketed {edges:,} edges into {p} parts ({time.perf_counter() - start:.1f} s)")
+    finally:
+        for f in files:
+            f.close()
+    return paths, degree, ids
+
+
+def _read_bucket(path: Path, ids: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    pairs = np.fromfile(path, dtype=ids).reshape(-1, 2)
+    return pairs[:, 1].astype(np.int64), pairs[:, 0].astype(np.int64)  # src, dst
+
+
+def _check_finite(features: np.ndarray, owned: np.ndarray, where: str) -> None:
+    """The check :meth:`GraphDataset.validate` makes, on one part's rows."""
+    step = max(1, (64 << 20) // max(1, features.shape[1] * 4))
+    for lo in range(0, features.shape[0], step):
+        finite = np.isfinite(features[lo : lo + step])
+        if not finite.all():
+            row, col = np.argwhere(~finite)[0]
+            raise DatasetError(f"{where}: features contain NaN or inf (first at vertex {int(owned[lo + row])}, "
+                               f"column {col})")
+
+
+def write_streamed_store(
+    stream, parts: np.ndarray, out: Path, *, num_parts: int, method: str, seed: int, overwrite: bool = False,
+    sparse_features: str = "auto", chunk_edges: int = DEFAULT_CHUNK_EDGES, tmp_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """Write the partition store of ``stream`` under ``parts`` without holding its edges.
+
+    One pass buckets in-edges by owner part into temporary files (under ``tmp_dir``, default
+    beside ``out``; removed at the end, also on failure); if the stream does not promise a simple
+    symmetric list, each bucket is then deduplicated in place and the in-degrees counted from
+    it; finally each part's bucket is read and handed to the store writer, one part at a time.
+    """
+    from dorylus.partition.store import StoreWriter
+
+    report = progress or (lambda message: None)
+    n, p = stream.num_nodes, int(num_parts)
+    out = Path(out)
+    base = Path(tmp_dir) if tmp_dir is not None else out.parent
+    if not base.is_dir():
+        raise ConfigError(f"temporary directory {base} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=".dorylus-buckets-", dir=base))
+    try:
+        paths, degree, ids = _bucket_edges(stream, parts, p, tmp, chunk_edges, report)
+        if degree is None:
+            start = time.perf_counter()
+            degree = np.zeros(n, dtype=np.int64)
+            nn = np.int64(n)
+            for path in paths:
+                src, dst = _read_bucket(path, ids)
+                keys = sorted_unique(dst * nn + src, in_place=True)
+                del src, dst
+                pairs = np.empty((keys.size, 2), dtype=ids)
+                pairs[:, 0], pairs[:, 1] = np.divmod(keys, nn)
+                del keys
+                degree += np.bincount(pairs[:, 0].astype(np.int64), minlength=n)
+                pairs.tofile(path)
+                del pairs
+            report(f"deduplicated {p} buckets ({time.perf_counter() - start:.1f} s)")
+        vertices = stream.vertex_data()
+        with StoreWriter(out, num_parts=p, num_nodes=n, num_features=stream.num_features,
+                         num_classes=stream.num_classes, dataset_name=stream.name, directed=stream.directed,
+                         method=method, seed=seed, overwrite=overwrite, sparse_features=sparse_features,
+                         num_edges=stream.num_edges if stream.num_edges >= 0 else None,
+                         progress=progress) as writer:
+            for i in range(p):
+                start = time.perf_counter()
+                owned = np.flatnonzero(parts == i).astype(np.int64)
+                src, dst = _read_bucket(paths[i], ids)
+                paths[i].unlink()
+                # Rows of owned (ascending ids: a forward sweep over a memory-mapped matrix).
+                rows = {key: np.asarray(vertices[key][owned]) for key in ("features", "labels", *MASK_NAMES)}
+                _check_finite(rows["features"], owned, stream.where)
+                writer.write_part(i, owned, src, dst, degree, parts, rows["features"], rows["labels"],
+                                  rows["train_mask"], rows["val_mask"], rows["test_mask"])
+                report(f"part {i}: {owned.size:,} vertices, {src.size:,} in-edges ({time.perf_counter() - start:.1f} s)")
+                del owned, src, dst, rows
+            writer.finish()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

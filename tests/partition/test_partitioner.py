@@ -30,9 +30,45 @@ def test_symmetric_csr_matches_dense_adjacency():
 
     xadj, adjncy = symmetric_csr(n, src, dst)
 
-    assert xadj.dtype == adjncy.dtype == np.int64
+    assert xadj.dtype == adjncy.dtype == np.int32  # N fits 32 bits
     for v in range(n):
         assert adjncy[xadj[v]:xadj[v + 1]].tolist() == np.flatnonzero(dense[v]).tolist()
+
+
+@pytest.mark.parametrize("block_entries", [1, 7, 64, 1 << 24])
+def test_symmetric_csr_int32_in_row_blocks_equals_int64_whole(block_entries):
+    """The 32-bit CSR built a block of rows at a time is the int64 one, whatever the block:
+    duplicates, self-loops, both directions and isolated vertices included."""
+    rng = np.random.default_rng(4)
+    n = 500
+    src, dst = rng.integers(0, n - 20, 6000), rng.integers(0, n - 20, 6000)  # the last 20 isolated
+    src[:50] = dst[:50]  # self-loops
+    src, dst = np.concatenate((src, src[:300])), np.concatenate((dst, dst[:300]))  # duplicates
+
+    wide = symmetric_csr(n, src, dst, dtype=np.int64, block_entries=1 << 30)
+    narrow = symmetric_csr(n, src.astype(np.int32), dst.astype(np.int32), block_entries=block_entries)
+
+    assert wide[0].dtype == wide[1].dtype == np.int64
+    assert narrow[0].dtype == narrow[1].dtype == np.int32
+    np.testing.assert_array_equal(narrow[0], wide[0])
+    np.testing.assert_array_equal(narrow[1], wide[1])
+    # the reference: every neighbour once, both directions, no self-loop
+    keys = np.unique(np.concatenate((src * n + dst, dst * n + src)))
+    keys = keys[keys // n != keys % n]
+    np.testing.assert_array_equal(wide[1], keys % n)
+    np.testing.assert_array_equal(np.diff(wide[0]), np.bincount(keys // n, minlength=n))
+
+
+def test_auto_method_rule():
+    from dorylus.partition.partitioner import choose_method, metis_memory_estimate
+
+    # 16 B per listed edge + 110 B per adjacency entry + 64 B per vertex
+    assert metis_memory_estimate(1000, 10_000, symmetric=True) == 16 * 10_000 + 110 * 10_000 + 64 * 1000
+    assert metis_memory_estimate(1000, 10_000, symmetric=False) == 16 * 10_000 + 110 * 20_000 + 64 * 1000
+    need = metis_memory_estimate(2_400_000, 60_000_000, True)
+    assert choose_method(2_400_000, 60_000_000, True, need)[0] == "metis"
+    method, why = choose_method(2_400_000, 60_000_000, True, need - 1)
+    assert method == "fennel" and "exceeds" in why
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -45,7 +81,7 @@ def test_every_vertex_gets_a_part_and_no_part_is_empty(method, num_parts):
 
 
 def test_unknown_method_lists_valid_ones():
-    with pytest.raises(ConfigError, match="unknown partitioner 'kahip'; valid: metis, random, contiguous"):
+    with pytest.raises(ConfigError, match="unknown partitioner 'kahip'; valid: metis, ldg, fennel, random, contiguous"):
         assign_parts(N, SRC, DST, 2, "kahip")
 
 
