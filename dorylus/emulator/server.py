@@ -65,6 +65,7 @@ fast as they can here), nor can one below it for work the handler hands to other
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import dataclasses
 import importlib.machinery
@@ -76,14 +77,16 @@ import os
 import re
 import signal
 import socket
-import socketserver
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Sequence
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote
+
+from aiohttp import web
+from aiohttp.http import HttpProcessingError
 
 from dorylus.emulator.faults import FAULT_KINDS, FaultPlan
 from dorylus.emulator.physics import AWS_LIKE, Physics
@@ -102,8 +105,10 @@ DEFAULT_PORT = 9001
 ACCOUNT_ID = "123456789012"
 
 # Bodies up to this size are read even when refused, so the client gets the error response
-# rather than a connection reset; a larger one is refused and its connection closed.
+# rather than a connection reset; a larger one is refused unread (aiohttp then discards what
+# arrives for a few seconds and closes the connection).
 _DRAIN_LIMIT = 64 * 1024 * 1024
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "PATCH"})
 _INVOKE_PATH = re.compile(r"/2015-03-31/functions/([^/]+)/invocations/?")
 _INVOCATION_TYPES = ("RequestResponse", "Event", "DryRun")
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -257,30 +262,58 @@ class EmulatorServer:
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._in_flight = 0
-        self._event_threads: set[threading.Thread] = set()
         self._closed = False
+        # Bound before the workers start, so that a taken port fails at once; served after.
         try:
-            self._httpd = _HTTPServer((host, port), self)
+            sock = socket.create_server((host, port), backlog=128, family=(
+                socket.AF_INET6 if ":" in host else socket.AF_INET))
         except OSError as exc:
             raise ConfigError(f"lambda emulator: cannot listen on {host}:{port} (cannot bind: "
                               f"{str(exc.strerror or exc).lower()})") from exc
+        self._address = sock.getsockname()[:2]
         try:
             self._pool = WorkerPool(concurrency, self.code_dirs,
                                     keep_warm_s=physics.keep_warm_s)
         except BaseException:
-            self._httpd.server_close()
+            sock.close()
             raise
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.1,),
-                                        name="lambda-emulator-http", daemon=True)
+        # The pool blocks on its workers' pipes, so calls run in threads; admission keeps at most
+        # ``concurrency`` of them (RequestResponse and Event together) there at once.
+        self._calls = ThreadPoolExecutor(concurrency, thread_name_prefix="lambda-call")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lambda-emulator-http",
+                                        daemon=True)
         self._thread.start()
+        # At shutdown the calls in flight end with the pool and their handlers answer at once;
+        # a connection still busy a second later is a client sending a body it was refused.
+        self._runner = web.ServerRunner(_Server(self._handle, loop=self._loop),
+                                        shutdown_timeout=1.0)
+        try:
+            asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _serve(self, sock: socket.socket) -> None:
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    async def _stop_serving(self) -> None:
+        await self._runner.cleanup()
+        # What cleanup gave up waiting for (a connection still draining a refused body) ends here,
+        # not as a task destroyed pending with the loop.
+        rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     @property
     def host(self) -> str:
-        return self._httpd.server_address[0]
+        return self._address[0]
 
     @property
     def port(self) -> int:
-        return self._httpd.server_address[1]
+        return self._address[1]
 
     @property
     def url(self) -> str:
@@ -313,20 +346,21 @@ class EmulatorServer:
             self._counters = _Counters(peak_concurrency=self._in_flight)
 
     def close(self) -> None:
-        """Stop serving, drop open connections, stop the workers. Idempotent."""
+        """Stop listening, stop the workers (calls in flight end as function errors), close every
+        connection once its reply is sent. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._httpd.shutdown()
-        self._httpd.drop_connections()
-        self._httpd.server_close()
-        self._thread.join(5.0)
+        # The runner stops listening at once, then waits for the handlers, which wait for the pool.
+        cleanup = asyncio.run_coroutine_threadsafe(self._stop_serving(), self._loop)
         self._pool.close()
-        with self._lock:
-            events = list(self._event_threads)
-        for thread in events:  # their workers are gone, so they end at once
-            thread.join(5.0)
+        cleanup.result()
+        self._calls.shutdown()  # Event calls: their workers are gone, so they end at once
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> EmulatorServer:
         return self
@@ -397,13 +431,6 @@ class EmulatorServer:
             line += f"\tInit Duration: {outcome.init_ns / 1e6:.2f} ms"
         return line + "\n"
 
-    def _start_event(self, call: dict[str, Any]) -> None:
-        thread = threading.Thread(target=self._run_event, args=(call,), daemon=True,
-                                  name=f"lambda-event-{call['request_id'][:8]}")
-        with self._lock:
-            self._event_threads.add(thread)
-        thread.start()
-
     def _run_event(self, call: dict[str, Any]) -> None:
         try:
             outcome, _ = self._execute(call)
@@ -413,124 +440,62 @@ class EmulatorServer:
                                outcome.body.decode(errors="replace")[:1000])
         except Exception:
             logger.exception("lambda emulator: Event call %s failed", call["request_id"])
-        finally:
-            with self._lock:
-                self._event_threads.discard(threading.current_thread())
 
+    # -- HTTP -------------------------------------------------------------------------------
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], app: EmulatorServer):
-        self.app = app
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host's FQDN, which can stall on a machine
-        # without DNS; the name is never used here.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def process_request(self, request, client_address) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        """Wake every connection thread (idle keep-alive ones block in a read) so it ends."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request, client_address) -> None:
-        # A client that vanished mid-request is not the server's problem; keep stderr clean.
-        logger.debug("lambda emulator: connection from %s ended with an error", client_address,
-                     exc_info=True)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: SDK clients reuse connections
-    server_version = "DorylusLambdaEmulator"
-    timeout = 120  # seconds an idle keep-alive connection or a stalled upload may hold a thread
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body leave in separate writes; without this, Nagle's algorithm and the
-        # client's delayed ACK add ~40 ms to every reply.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def do_GET(self) -> None:
-        self._replied = False
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in _METHODS:  # closed, as after a request aiohttp cannot parse
+            response = _error_response(_ApiError(501, "UnknownOperationException",
+                                                 f"Unsupported method {request.method!r}"))
+            response.force_close()
+            return response
         try:
-            self._route(self._read_body())
+            return await self._route(request, await _read_body(request))
         except _ApiError as exc:
-            self._send_api_error(exc)
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
+            return _error_response(exc)
+        except ConnectionError:  # the client left; there is no one to answer
+            raise
         except Exception:
-            logger.exception("lambda emulator: internal error on %s %s", self.command, self.path)
-            self.close_connection = True
-            if not self._replied:
-                self._send_api_error(_ApiError(500, "ServiceException", "internal emulator error"))
+            logger.exception("lambda emulator: internal error on %s %s", request.method,
+                             request.rel_url)
+            response = _error_response(_ApiError(500, "ServiceException",
+                                                 "internal emulator error"))
+            response.force_close()
+            return response
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
-
-    def _route(self, body: bytes) -> None:
-        path, _, query = self.path.partition("?")
+    async def _route(self, request: web.BaseRequest, body: bytes) -> web.Response:
+        path = request.rel_url.raw_path
         match = _INVOKE_PATH.fullmatch(path)
         if match:
-            self._require("POST")
-            self._invoke(unquote(match.group(1)), parse_qs(query), body)
-        elif path == "/emulator/health":
-            self._require("GET")
-            self._send(200, json.dumps({"status": "ok", "url": self.server.app.url}).encode())
-        elif path == "/emulator/stats":
-            self._require("GET")
-            self._send(200, json.dumps(self.server.app.stats()).encode())
-        elif path == "/emulator/stats/reset":
-            self._require("POST")
-            self.server.app.reset_stats()
-            self._send(200, json.dumps(self.server.app.stats()).encode())
-        else:
-            raise _ApiError(404, "UnknownOperationException",
-                            f"no operation at {self.command} {path}")
+            _require(request, "POST")
+            return await self._invoke(request, unquote(match.group(1)), body)
+        if path == "/emulator/health":
+            _require(request, "GET")
+            return _response(200, json.dumps({"status": "ok", "url": self.url}).encode())
+        if path == "/emulator/stats":
+            _require(request, "GET")
+            return _response(200, json.dumps(self.stats()).encode())
+        if path == "/emulator/stats/reset":
+            _require(request, "POST")
+            self.reset_stats()
+            return _response(200, json.dumps(self.stats()).encode())
+        raise _ApiError(404, "UnknownOperationException",
+                        f"no operation at {request.method} {path}")
 
-    def _require(self, method: str) -> None:
-        if self.command != method:
-            raise _ApiError(405, "MethodNotAllowedException",
-                            f"{self.command} is not allowed here; use {method}",
-                            headers={"Allow": method})
-
-    def _invoke(self, raw_name: str, query: dict[str, list[str]], body: bytes) -> None:
-        app = self.server.app
+    async def _invoke(self, request: web.BaseRequest, raw_name: str, body: bytes) -> web.Response:
         name, qualifier = parse_function_name(raw_name)
-        qualifier = query.get("Qualifier", [qualifier])[0]
-        region_match = _REGION_IN_AUTH.search(self.headers.get("Authorization", ""))
+        qualifier = request.query.get("Qualifier", qualifier)
+        region_match = _REGION_IN_AUTH.search(request.headers.get("Authorization", ""))
         region = region_match.group(1) if region_match else "us-east-1"
         arn = f"arn:aws:lambda:{region}:{ACCOUNT_ID}:function:{name}"
         if qualifier:
             arn += f":{qualifier}"
-        invocation_type = self.headers.get("X-Amz-Invocation-Type", "RequestResponse")
+        invocation_type = request.headers.get("X-Amz-Invocation-Type", "RequestResponse")
         if invocation_type not in _INVOCATION_TYPES:
             raise _ApiError(400, "InvalidParameterValueException",
                             f"Unsupported invocation type {invocation_type!r}; use one of "
                             + ", ".join(_INVOCATION_TYPES))
-        spec = app.functions.get(name)
+        spec = self.functions.get(name)
         if spec is None:
             raise _ApiError(404, "ResourceNotFoundException", f"Function not found: {arn}")
         limit = EVENT_PAYLOAD_LIMIT if invocation_type == "Event" else SYNC_PAYLOAD_LIMIT
@@ -545,22 +510,21 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _ApiError(400, "InvalidRequestContentException",
                                 f"Could not parse request body into json: {exc}") from exc
         if invocation_type == "DryRun":
-            app._count_dry_run()
-            self._send(204, b"")
-            return
-        if not app._admit():
+            self._count_dry_run()
+            return _response(204)
+        if not self._admit():
             raise _ApiError(429, "TooManyRequestsException", "Rate Exceeded.",
                             extra={"Reason": "ConcurrentInvocationLimitExceeded"},
                             headers={"Retry-After": "1"})
         request_id = str(uuid.uuid4())
-        call = app._prepare({"request_id": request_id, "function_name": name, "handler": spec,
-                             "invoked_function_arn": arn, "memory_mb": app.memory_mb,
-                             "region": region, "payload": body})
+        call = self._prepare({"request_id": request_id, "function_name": name, "handler": spec,
+                              "invoked_function_arn": arn, "memory_mb": self.memory_mb,
+                              "region": region, "payload": body})
         if invocation_type == "Event":
-            app._start_event(call)
-            self._send(202, b"", {"x-amzn-RequestId": request_id})
-            return
-        outcome, billed = app._execute(call)
+            self._calls.submit(self._run_event, call)
+            return _response(202, headers={"x-amzn-RequestId": request_id})
+        outcome, billed = await asyncio.get_running_loop().run_in_executor(
+            self._calls, self._execute, call)
         headers = {"x-amzn-RequestId": request_id, "X-Amz-Executed-Version": "$LATEST",
                    "X-Dorylus-Billed-Ms": str(billed),
                    "X-Dorylus-Duration-Ms": f"{outcome.duration_ns / 1e6:.6f}",
@@ -569,91 +533,74 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Dorylus-Fault"] = call["fault"]
         if not outcome.ok:
             headers["X-Amz-Function-Error"] = "Unhandled"
-        if self.headers.get("X-Amz-Log-Type") == "Tail":
-            log = (outcome.log + app._report_line(request_id, outcome, billed)).encode()
+        if request.headers.get("X-Amz-Log-Type") == "Tail":
+            log = (outcome.log + self._report_line(request_id, outcome, billed)).encode()
             headers["X-Amz-Log-Result"] = base64.b64encode(log[-LOG_TAIL_BYTES:]).decode()
-        self._send(200, outcome.body, headers)
+        return _response(200, outcome.body, headers)
 
-    # -- HTTP plumbing ----------------------------------------------------------------------
 
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked()
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return b""
-        if not raw.strip().isdigit():
-            self.close_connection = True
-            raise _ApiError(400, "InvalidRequestContentException",
-                            f"invalid Content-Length {raw!r}")
-        length = int(raw)
-        if length > _DRAIN_LIMIT:
-            self.close_connection = True
-            raise _ApiError(413, "RequestTooLargeException",
-                            f"Request must be smaller than {SYNC_PAYLOAD_LIMIT} bytes")
-        return self.rfile.read(length)
 
-    def _read_chunked(self) -> bytes:
-        chunks, total = [], 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise _ApiError(400, "InvalidRequestContentException",
-                                "malformed chunked request body") from None
-            if size == 0:
-                while self.rfile.readline(1024).strip():  # optional trailer headers
-                    pass
-                return b"".join(chunks)
-            total += size
-            if total > _DRAIN_LIMIT:
-                self.close_connection = True
-                raise _ApiError(413, "RequestTooLargeException",
-                                f"Request must be smaller than {SYNC_PAYLOAD_LIMIT} bytes")
-            chunks.append(self.rfile.read(size))
-            self.rfile.readline(1024)  # the CRLF that ends the chunk
+async def _read_body(request: web.BaseRequest) -> bytes:
+    """The whole body (aiohttp undoes chunked encoding), refused past ``_DRAIN_LIMIT``."""
+    too_large = _ApiError(413, "RequestTooLargeException",
+                          f"Request must be smaller than {SYNC_PAYLOAD_LIMIT} bytes")
+    if (request.content_length or 0) > _DRAIN_LIMIT:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > _DRAIN_LIMIT:  # chunked: no length up front
+                raise too_large
+            chunks.append(chunk)
+    except HttpProcessingError as exc:  # e.g. a malformed chunk
+        raise _ApiError(400, "InvalidRequestContentException",
+                        f"malformed request body: {exc.message}") from None
+    return b"".join(chunks)
 
-    def _send(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-        self._replied = True
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        if status != 204:
-            self.send_header("Content-Length", str(len(body)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if body and self.command != "HEAD":
-            self.wfile.write(body)
 
-    def _send_api_error(self, exc: _ApiError) -> None:
-        key = "Message" if exc.code in _CAPITALIZED_MESSAGE else "message"
-        body = {"Type": "Service" if exc.code == "ServiceException" else "User",
-                key: exc.message, **exc.extra}
-        self._send(exc.status, json.dumps(body).encode(),
-                   {"x-amzn-ErrorType": exc.code, "x-amzn-RequestId": str(uuid.uuid4()),
-                    **exc.headers})
+def _require(request: web.BaseRequest, method: str) -> None:
+    if request.method != method:
+        raise _ApiError(405, "MethodNotAllowedException",
+                        f"{request.method} is not allowed here; use {method}",
+                        headers={"Allow": method})
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None):
-        # http.server calls this for requests it cannot parse; answer in the API's error shape,
-        # with a status line even when the request line was too mangled to name a version.
-        if self.request_version == "HTTP/0.9":
-            self.request_version = "HTTP/1.1"
-        self.close_connection = True
-        error_type = {404: "UnknownOperationException", 405: "MethodNotAllowedException",
-                      501: "UnknownOperationException"}.get(
-            code, "ServiceException" if code >= 500 else "InvalidRequestContentException")
-        try:
-            self._send_api_error(_ApiError(code, error_type,
-                                           message or HTTPStatus(code).phrase))
-        except (ConnectionError, TimeoutError):
-            pass
 
-    def log_message(self, format: str, *args) -> None:
-        logger.debug("lambda emulator: %s %s", self.address_string(), format % args)
+def _response(status: int, body: bytes = b"", headers: Mapping[str, str] | None = None
+              ) -> web.Response:
+    return web.Response(status=status, body=body,
+                        headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def _error_response(exc: _ApiError) -> web.Response:
+    key = "Message" if exc.code in _CAPITALIZED_MESSAGE else "message"
+    body = {"Type": "Service" if exc.code == "ServiceException" else "User",
+            key: exc.message, **exc.extra}
+    return _response(exc.status, json.dumps(body).encode(),
+                     {"x-amzn-ErrorType": exc.code, "x-amzn-RequestId": str(uuid.uuid4()),
+                      **exc.headers})
+
+
+class _Protocol(web.RequestHandler):
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None
+                     ) -> web.StreamResponse:
+        # aiohttp answers requests it cannot parse here, in plain text and logged as errors;
+        # SDK clients expect the API's error shape, and a garbled request is the client's fault.
+        logger.debug("lambda emulator: bad request from %s: %s", request.remote,
+                     message or exc)
+        code = "ServiceException" if status >= 500 else "InvalidRequestContentException"
+        response = _error_response(_ApiError(status, code, message or HTTPStatus(status).phrase))
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server (one handler, the routing above), answering in the API's
+    error shape even for requests it cannot parse."""
+
+    def __call__(self) -> web.RequestHandler:
+        return _Protocol(self, loop=asyncio.get_running_loop(), access_log=None)
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] | None = None,
