@@ -1,0 +1,261 @@
+"""numba kernels behind :mod:`dorylus.models.kernels` (imported lazily from there; see its docstring).
+
+The 16 scalar accumulators ``a0 .. a15`` are one block of 16 features kept in registers (two AVX2
+vectors after LLVM's SLP vectoriser); written out by hand because numba has no fixed-size vector
+type and a heap array would be summed through memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# Entries per segment of a long row: the feature blocks of a segment re-read its rows of x, which
+# must still be in the core's L2 cache (128 rows x 128 features x 4 B = 64 KB).
+SEGMENT = 128
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i, f):
+    """Prefetch (read, keep in all cache levels) the cache line holding ``arr[i, f]``; never faults."""
+    sig = types.void(arr, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
+                                        shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=[args[1], args[2]], wraparound=False, boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _prefetch_row(x, j, width):
+    # every line of the row: rows need not start on a line boundary, so also its last element
+    for f in range(0, width, 16):
+        _prefetch(x, j, f)
+    _prefetch(x, j, width - 1)
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
+def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_scale, row_scale, has_row_scale,
+                  bounds, out, distance):
+    width = x.shape[1]
+    blocked = width - width % 16
+    limit = indptr[indptr.shape[0] - 1]
+    zero = np.float32(0.0)
+    for c in prange(bounds.shape[0] - 1):
+        for r in range(bounds[c], bounds[c + 1]):
+            lo = indptr[r]
+            hi = indptr[r + 1]
+            if hi == lo:
+                for f in range(width):
+                    out[r, f] = zero
+                continue
+            for s0 in range(lo, hi, SEGMENT):
+                s1 = min(hi, s0 + SEGMENT)
+                for f0 in range(0, blocked, 16):
+                    if s0 == lo:
+                        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero
+                    else:
+                        a0 = out[r, f0 + 0]
+                        a1 = out[r, f0 + 1]
+                        a2 = out[r, f0 + 2]
+                        a3 = out[r, f0 + 3]
+                        a4 = out[r, f0 + 4]
+                        a5 = out[r, f0 + 5]
+                        a6 = out[r, f0 + 6]
+                        a7 = out[r, f0 + 7]
+                        a8 = out[r, f0 + 8]
+                        a9 = out[r, f0 + 9]
+                        a10 = out[r, f0 + 10]
+                        a11 = out[r, f0 + 11]
+                        a12 = out[r, f0 + 12]
+                        a13 = out[r, f0 + 13]
+                        a14 = out[r, f0 + 14]
+                        a15 = out[r, f0 + 15]
+                    for k in range(s0, s1):
+                        if f0 == 0 and k + distance < limit:
+                            _prefetch_row(x, indices[k + distance], width)
+                        j = indices[k]
+                        w = np.float32(1.0)
+                        if has_values:
+                            w = values[k]
+                        if has_col_scale:
+                            w = w * col_scale[j]
+                        a0 += w * x[j, f0 + 0]
+                        a1 += w * x[j, f0 + 1]
+                        a2 += w * x[j, f0 + 2]
+                        a3 += w * x[j, f0 + 3]
+                        a4 += w * x[j, f0 + 4]
+                        a5 += w * x[j, f0 + 5]
+                        a6 += w * x[j, f0 + 6]
+                        a7 += w * x[j, f0 + 7]
+                        a8 += w * x[j, f0 + 8]
+                        a9 += w * x[j, f0 + 9]
+                        a10 += w * x[j, f0 + 10]
+                        a11 += w * x[j, f0 + 11]
+                        a12 += w * x[j, f0 + 12]
+                        a13 += w * x[j, f0 + 13]
+                        a14 += w * x[j, f0 + 14]
+                        a15 += w * x[j, f0 + 15]
+                    out[r, f0 + 0] = a0
+                    out[r, f0 + 1] = a1
+                    out[r, f0 + 2] = a2
+                    out[r, f0 + 3] = a3
+                    out[r, f0 + 4] = a4
+                    out[r, f0 + 5] = a5
+                    out[r, f0 + 6] = a6
+                    out[r, f0 + 7] = a7
+                    out[r, f0 + 8] = a8
+                    out[r, f0 + 9] = a9
+                    out[r, f0 + 10] = a10
+                    out[r, f0 + 11] = a11
+                    out[r, f0 + 12] = a12
+                    out[r, f0 + 13] = a13
+                    out[r, f0 + 14] = a14
+                    out[r, f0 + 15] = a15
+                if blocked < width:
+                    if s0 == lo:
+                        for f in range(blocked, width):
+                            out[r, f] = zero
+                    for k in range(s0, s1):
+                        if blocked == 0 and k + distance < limit:
+                            _prefetch_row(x, indices[k + distance], width)
+                        j = indices[k]
+                        w = np.float32(1.0)
+                        if has_values:
+                            w = values[k]
+                        if has_col_scale:
+                            w = w * col_scale[j]
+                        for f in range(blocked, width):
+                            out[r, f] += w * x[j, f]
+            if has_row_scale:
+                s = row_scale[r]
+                for f in range(width):
+                    out[r, f] *= s
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
+def probe_kernel(x, idx, bounds, partial, distance, group):
+    """``partial[c] = sum of x[idx[k]]`` over chunk ``c``, read like a gather of rows of ``group`` entries."""
+    width = x.shape[1]
+    blocked = width - width % 16
+    limit = idx.shape[0]
+    zero = np.float32(0.0)
+    for c in prange(bounds.shape[0] - 1):
+        for g0 in range(bounds[c], bounds[c + 1], group):
+            g1 = min(bounds[c + 1], g0 + group)
+            for f0 in range(0, blocked, 16):
+                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15 = zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero
+                for k in range(g0, g1):
+                    if f0 == 0 and k + distance < limit:
+                        _prefetch_row(x, idx[k + distance], width)
+                    j = idx[k]
+                    a0 += x[j, f0 + 0]
+                    a1 += x[j, f0 + 1]
+                    a2 += x[j, f0 + 2]
+                    a3 += x[j, f0 + 3]
+                    a4 += x[j, f0 + 4]
+                    a5 += x[j, f0 + 5]
+                    a6 += x[j, f0 + 6]
+                    a7 += x[j, f0 + 7]
+                    a8 += x[j, f0 + 8]
+                    a9 += x[j, f0 + 9]
+                    a10 += x[j, f0 + 10]
+                    a11 += x[j, f0 + 11]
+                    a12 += x[j, f0 + 12]
+                    a13 += x[j, f0 + 13]
+                    a14 += x[j, f0 + 14]
+                    a15 += x[j, f0 + 15]
+                partial[c, f0 + 0] += a0
+                partial[c, f0 + 1] += a1
+                partial[c, f0 + 2] += a2
+                partial[c, f0 + 3] += a3
+                partial[c, f0 + 4] += a4
+                partial[c, f0 + 5] += a5
+                partial[c, f0 + 6] += a6
+                partial[c, f0 + 7] += a7
+                partial[c, f0 + 8] += a8
+                partial[c, f0 + 9] += a9
+                partial[c, f0 + 10] += a10
+                partial[c, f0 + 11] += a11
+                partial[c, f0 + 12] += a12
+                partial[c, f0 + 13] += a13
+                partial[c, f0 + 14] += a14
+                partial[c, f0 + 15] += a15
+            for k in range(g0, g1):
+                if blocked == 0 and k + distance < limit:
+                    _prefetch_row(x, idx[k + distance], width)
+                j = idx[k]
+                for f in range(blocked, width):
+                    partial[c, f] += x[j, f]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def transpose_fill(indptr, indices, indptr_t, indices_t, perm):
+    """Counting sort of the entries by column: row ids ascend within a column (rows walked in order)."""
+    cursor = indptr_t[:-1].copy()
+    for r in range(indptr.shape[0] - 1):
+        for k in range(indptr[r], indptr[r + 1]):
+            c = indices[k]
+            p = cursor[c]
+            indices_t[p] = r
+            perm[p] = k
+            cursor[c] = p + 1
+
+
+@njit(cache=True, nogil=True)
+def cuthill_mckee(indptr, indices):
+    """Cuthill-McKee order (not reversed): BFS per component from its minimum-degree vertex,
+    unvisited neighbours appended by increasing degree (ties in their order in the row)."""
+    n = indptr.shape[0] - 1
+    degree = np.empty(n, np.int64)
+    max_degree = 0
+    for v in range(n):
+        degree[v] = indptr[v + 1] - indptr[v]
+        max_degree = max(max_degree, degree[v])
+    seeds = np.argsort(degree, kind="mergesort")
+    visited = np.zeros(n, np.bool_)
+    order = np.empty(n, np.int64)
+    buf = np.empty(max_degree, np.int64)
+    bufdeg = np.empty(max_degree, np.int64)
+    tail = 0
+    for s in range(n):
+        seed = seeds[s]
+        if visited[seed]:
+            continue
+        visited[seed] = True
+        head = tail
+        order[tail] = seed
+        tail += 1
+        while head < tail:
+            u = order[head]
+            head += 1
+            m = 0
+            for k in range(indptr[u], indptr[u + 1]):
+                v = indices[k]
+                if not visited[v]:
+                    visited[v] = True
+                    buf[m] = v
+                    bufdeg[m] = degree[v]
+                    m += 1
+            if m > 1:
+                rank = np.argsort(bufdeg[:m], kind="mergesort")
+                for i in range(m):
+                    order[tail + i] = buf[rank[i]]
+            elif m == 1:
+                order[tail] = buf[0]
+            tail += m
+    return order

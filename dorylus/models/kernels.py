@@ -1,0 +1,221 @@
+r"""Gather kernels on the CPU: sparse CSR times dense rows at the memory bound.
+
+The product, for a CSR structure ``(indptr, indices)`` of shape ``[R, C]`` with ``nnz`` entries and a
+dense ``x`` ``[C, F]``:
+
+.. math::  \mathrm{out}_r = s^{row}_r \sum_{k = p_r}^{p_{r+1} - 1} v_k \, s^{col}_{c_k} \, x_{c_k}
+
+with ``p = indptr``, ``c = indices``, optional per-entry values ``v`` and per-vertex scales
+``s^row`` ``[R]``, ``s^col`` ``[C]`` (each 1 when absent). ``A_hat = D^-1/2 (A + I) D^-1/2`` is then
+the unweighted structure of ``A + I`` with ``s^row = s^col = deg^-1/2``: no per-edge weight stored.
+
+Why a hand-written kernel: with ``x`` larger than the last-level cache every stored entry is a
+random row read, so the kernel's speed is the number of row reads it keeps in flight. Each
+thread walks a contiguous slice of rows (split by equal ``nnz``), keeps the row's sum for 16
+features at a time in registers, and prefetches the rows of the entry ``PREFETCH_DISTANCE``
+entries ahead (the out-of-order window alone holds only a few misses). Sums run in ``float32``
+in CSR order within a row, so results are deterministic for a given thread count and do not
+depend on it (a row is never split between threads).
+
+numba is imported lazily (on the first call), so modules that import this one but never call it
+(the Lambda bundle ships numpy and pyzmq only) do not need it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+# Entries ahead whose rows are prefetched; 8-24 measured best on a 2-core EPYC (bench_gather.py).
+PREFETCH_DISTANCE = 16
+# Chunks per thread: rows are split by equal nnz into this many pieces per thread so that a
+# thread slowed by a neighbour's job does not hold up the call for long.
+_CHUNKS_PER_THREAD = 16
+
+_lock = threading.Lock()
+_numba_kernels: Any = None
+
+
+def _kernels() -> Any:
+    """The compiled kernels (``dorylus.models._kernels_numba``), imported on first use."""
+    global _numba_kernels
+    if _numba_kernels is None:
+        from dorylus.models import _kernels_numba
+        _numba_kernels = _kernels_numba
+    return _numba_kernels
+
+
+def _threads() -> int:
+    import numba
+    import torch
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+def _as(array: Any, dtype: Any, name: str, length: int | None = None) -> np.ndarray:
+    a = np.ascontiguousarray(array, dtype=dtype)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if length is not None and a.shape[0] != length:
+        raise ValueError(f"{name} must have length {length}, got {a.shape[0]}")
+    return a
+
+
+def _index_array(indices: Any) -> np.ndarray:
+    a = np.asarray(indices)
+    if a.dtype not in (np.int32, np.int64):
+        a = a.astype(np.int64)
+    return _as(a, a.dtype, "indices")
+
+
+def _row_bounds(indptr: np.ndarray, threads: int) -> np.ndarray:
+    """``int64 [n + 1]``: row boundaries of ``n`` chunks of about equal ``nnz + rows``."""
+    rows = indptr.shape[0] - 1
+    chunks = max(1, min(rows, threads * _CHUNKS_PER_THREAD))
+    # cost of rows [0, r) ~ indptr[r] + r: an empty row still writes its output row
+    cost = indptr.astype(np.int64) + np.arange(rows + 1, dtype=np.int64)
+    bounds = np.searchsorted(cost, np.linspace(0, cost[-1], chunks + 1)).astype(np.int64)
+    bounds[0], bounds[-1] = 0, rows
+    return np.maximum.accumulate(bounds)
+
+
+def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: Any = None,
+           col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+    r"""``out[r] = row_scale[r] * sum_{k in [indptr[r], indptr[r+1])} values[k] * col_scale[indices[k]] * x[indices[k]]``.
+
+    indptr: int32 or int64 ``[R + 1]``; indices: int32 (or int64) ``[nnz]``, each in ``[0, C)``;
+    x: float32 ``[C, F]`` (made C-contiguous float32 if it is not); values: float32 ``[nnz]`` or
+    None (= 1); row_scale: float32 ``[R]`` or None; col_scale: float32 ``[C]`` or None; out: optional
+    C-contiguous float32 ``[R, F]`` to write into. Returns float32 ``[R, F]`` (``out`` if given).
+
+    Sums are float32 in CSR order within a row; the weight of an entry is
+    ``values[k] * col_scale[c]`` rounded to float32, and ``row_scale`` multiplies the finished sum.
+    Runs on ``torch.get_num_threads()`` threads; calls from several Python threads are serialised
+    (each already uses every core). Indices are trusted to be in range (not checked per entry).
+    """
+    indptr = _as(indptr, np.asarray(indptr).dtype if np.asarray(indptr).dtype in (np.int32, np.int64)
+                 else np.int64, "indptr")
+    if indptr.shape[0] < 1:
+        raise ValueError("indptr must have at least one element (R + 1)")
+    indices = _index_array(indices)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D [C, F], got shape {x.shape}")
+    rows = indptr.shape[0] - 1
+    num_cols, width = x.shape
+    nnz = int(indptr[-1]) if rows >= 0 else 0
+    if indices.shape[0] < nnz or int(indptr[0]) != 0:
+        raise ValueError(f"indptr must start at 0 and end at most at len(indices) = {indices.shape[0]}, "
+                         f"got {int(indptr[0])} .. {nnz}")
+    empty = np.empty(0, np.float32)
+    v = empty if values is None else _as(values, np.float32, "values")
+    if values is not None and v.shape[0] < nnz:
+        raise ValueError(f"values must have at least nnz = {nnz} entries, got {v.shape[0]}")
+    rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
+    cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
+    if out is None:
+        out = np.empty((rows, width), np.float32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (rows, width)
+          or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(rows, width)}")
+    if rows == 0 or width == 0:
+        return out
+    if nnz == 0:
+        out.fill(0.0)
+        return out
+    k = _kernels()
+    threads = _threads()
+    bounds = _row_bounds(indptr, threads)
+    with _lock:
+        import numba
+        numba.set_num_threads(threads)
+        k.gather_kernel(indptr, indices, x, v, values is not None, cs, col_scale is not None, rs,
+                        row_scale is not None, bounds, out, PREFETCH_DISTANCE)
+    return out
+
+
+def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""The column-major structure of ``A`` (= the CSR of ``A^T``) by a counting sort, ``O(nnz + C)``.
+
+    indptr ``[R + 1]``, indices ``[nnz]`` in ``[0, num_cols)``. Returns ``(indptr_T, indices_T, perm)``:
+    ``indptr_T`` int64 ``[C + 1]``; ``indices_T`` int32 ``[nnz]`` (int64 if ``R >= 2^31``), the row ids
+    of column ``c`` in ``indices_T[indptr_T[c]:indptr_T[c + 1]]`` in increasing order;
+    ``perm`` int32 ``[nnz]`` (int64 if ``nnz >= 2^31``) with ``A^T`` entry ``t`` = ``A`` entry
+    ``perm[t]``, so per-entry values of ``A^T`` are ``values[perm]``. No COO coalesce: the extra
+    memory is one ``int64 [C]`` cursor array.
+    """
+    indptr = np.ascontiguousarray(indptr)
+    if indptr.dtype not in (np.int32, np.int64):
+        indptr = indptr.astype(np.int64)
+    indices = _index_array(indices)
+    num_cols = int(num_cols)
+    rows = indptr.shape[0] - 1
+    nnz = int(indptr[-1]) if rows >= 0 else 0
+    row_type = np.int32 if rows < 2 ** 31 else np.int64
+    perm_type = np.int32 if nnz < 2 ** 31 else np.int64
+    indptr_t = np.zeros(num_cols + 1, np.int64)
+    if nnz == 0:
+        return indptr_t, np.empty(0, row_type), np.empty(0, perm_type)
+    np.cumsum(np.bincount(indices[:nnz], minlength=num_cols), out=indptr_t[1:])
+    if indptr_t.shape[0] != num_cols + 1 or indptr_t[-1] != nnz:
+        raise ValueError(f"indices must lie in [0, {num_cols})")
+    indices_t = np.empty(nnz, row_type)
+    perm = np.empty(nnz, perm_type)
+    _kernels().transpose_fill(indptr, indices, indptr_t, indices_t, perm)
+    return indptr_t, indices_t, perm
+
+
+def gather_transpose(indptr_t: Any, indices_t: Any, g: Any, *, values_t: Any = None, row_scale: Any = None,
+                     col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+    r"""``A^T g`` for ``A = diag(row_scale) V diag(col_scale)`` given the structure of ``A^T``.
+
+    ``(indptr_t, indices_t)`` from :func:`transpose_csr` (shape ``[C, R]``), ``g`` float32 ``[R, F]``,
+    ``values_t`` = ``values[perm]`` float32 ``[nnz]`` or None, ``row_scale`` ``[R]`` and
+    ``col_scale`` ``[C]`` as for ``A`` (not swapped). Returns float32 ``[C, F]``:
+    ``out[c] = col_scale[c] * sum_t values_t[t] * row_scale[indices_t[t]] * g[indices_t[t]]``.
+    """
+    return gather(indptr_t, indices_t, g, values=values_t, row_scale=col_scale, col_scale=row_scale, out=out)
+
+
+def locality_order(indptr: Any, indices: Any) -> np.ndarray:
+    r"""A reverse Cuthill-McKee order of a square graph: ``perm`` int64 ``[N]``, a permutation.
+
+    ``perm[i]`` is the old id of the vertex placed at new position ``i`` (relabel with
+    ``new_id[perm] = arange(N)``). The graph ``(indptr, indices)`` ``[N, N]`` is read as undirected
+    through its stored entries (pass a symmetric structure for the textbook order). Each connected
+    component is walked breadth-first from a minimum-degree vertex, visiting a vertex's unvisited
+    neighbours by increasing degree; the whole order is then reversed. Neighbours of a vertex thus
+    land close together, which keeps the rows that one output row reads near each other in ``x``.
+    Cost ``O(nnz log d_max + N)`` time and ``O(N)`` extra memory.
+    """
+    indptr = np.ascontiguousarray(indptr)
+    if indptr.dtype not in (np.int32, np.int64):
+        indptr = indptr.astype(np.int64)
+    indices = _index_array(indices)
+    n = indptr.shape[0] - 1
+    if n <= 0:
+        return np.empty(0, np.int64)
+    return _kernels().cuthill_mckee(indptr, indices)[::-1].copy()
+
+
+def row_read_probe(x: Any, idx: Any, group: int = 16) -> np.ndarray:
+    r"""The roofline probe of :func:`gather`: ``sum_k x[idx[k]]`` as float32 ``[F]``.
+
+    Reads ``len(idx)`` rows of ``x`` ``[C, F]`` at the given (random) positions on all threads, in
+    groups of ``group`` consecutive positions (as a gather reads the entries of one output row), with
+    the same prefetching and 16-feature register blocking as :func:`gather` but nothing else (no
+    structure, no weights, no per-row output): what one random row read costs on this machine.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    idx = _index_array(idx)
+    threads = _threads()
+    chunks = max(1, threads * _CHUNKS_PER_THREAD)
+    bounds = np.linspace(0, idx.shape[0], chunks + 1).astype(np.int64)
+    partial = np.zeros((chunks, x.shape[1]), np.float32)
+    if idx.shape[0]:
+        with _lock:
+            import numba
+            numba.set_num_threads(threads)
+            _kernels().probe_kernel(x, idx, bounds, partial, PREFETCH_DISTANCE, max(1, int(group)))
+    return partial.sum(axis=0, dtype=np.float32)

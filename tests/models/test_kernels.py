@@ -1,0 +1,272 @@
+"""dorylus.models.kernels against float64 oracles (numpy / scipy), never bit equality with a library."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse
+import torch
+
+from dorylus.models import kernels
+
+
+def random_csr(rows: int, cols: int, nnz: int, rng: np.random.Generator, *, empty_rows: float = 0.2,
+               self_loops: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A CSR structure with some empty rows, duplicate-free and sorted within each row."""
+    keys = np.unique(rng.integers(0, rows * cols, nnz)) if rows and cols else np.empty(0, np.int64)
+    r, c = keys // max(cols, 1), keys % max(cols, 1)
+    keep = rng.random(rows) >= empty_rows
+    sel = keep[r]
+    r, c = r[sel], c[sel]
+    if self_loops:
+        d = np.arange(min(rows, cols))
+        both = np.unique(np.concatenate([r * cols + c, d * cols + d]))
+        r, c = both // cols, both % cols
+    indptr = np.zeros(rows + 1, np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
+    return indptr, c.astype(np.int32)
+
+
+def oracle(indptr, indices, x, values=None, row_scale=None, col_scale=None) -> np.ndarray:
+    rows, cols = len(indptr) - 1, x.shape[0]
+    nnz = int(indptr[-1])
+    v = np.ones(nnz) if values is None else np.asarray(values[:nnz], np.float64)
+    a = scipy.sparse.csr_matrix((v, np.asarray(indices[:nnz], np.int64), np.asarray(indptr, np.int64)),
+                                shape=(rows, cols))
+    if col_scale is not None:
+        a = a @ scipy.sparse.diags(np.asarray(col_scale, np.float64))
+    if row_scale is not None:
+        a = scipy.sparse.diags(np.asarray(row_scale, np.float64)) @ a
+    return np.asarray(a @ x.astype(np.float64)).reshape(rows, x.shape[1])
+
+
+def abs_oracle(indptr, indices, x, values, row_scale, col_scale) -> np.ndarray:
+    return oracle(indptr, indices, np.abs(x), None if values is None else np.abs(values),
+                  None if row_scale is None else np.abs(row_scale), None if col_scale is None else np.abs(col_scale))
+
+
+def check(indptr, indices, x, values=None, row_scale=None, col_scale=None, **kw):
+    got = kernels.gather(indptr, indices, x, values=values, row_scale=row_scale, col_scale=col_scale, **kw)
+    want = oracle(indptr, indices, x, values, row_scale, col_scale)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    lengths = np.diff(np.asarray(indptr, np.int64))[:, None]
+    # float32 rounding of a sequential sum of L terms: at most ~ (L + 3) eps sum |term|, eps = 6e-8;
+    # rtol 1e-5 per term-length unit leaves a wide margin and still catches any wrong term.
+    bound = 1e-5 * (lengths + 3) / 8 * abs_oracle(indptr, indices, x, values, row_scale, col_scale) + 1e-37
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), f"max error {err.max():.3e}, bound there {bound.flat[np.argmax(err - bound)]:.3e}"
+    return got
+
+
+def test_hand_built_graph():
+    # rows: 0 -> {1, 2}, 1 -> {} (empty), 2 -> {0, 2} (a self loop), 3 -> {1, 3}
+    indptr = np.array([0, 2, 2, 4, 6], np.int64)
+    indices = np.array([1, 2, 0, 2, 1, 3], np.int32)
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    got = kernels.gather(indptr, indices, x)
+    np.testing.assert_array_equal(got, [[6, 8], [0, 0], [4, 6], [8, 10]])
+    values = np.array([1, 2, 3, 4, 5, 6], np.float32)
+    row_scale = np.array([1, 9, 0.5, 2], np.float32)
+    col_scale = np.array([1, 10, 100, 1000], np.float32)
+    got = kernels.gather(indptr, indices, x, values=values, row_scale=row_scale, col_scale=col_scale)
+    want = oracle(indptr, indices, x, values, row_scale, col_scale)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got[1].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("width", [1, 3, 16, 17, 40, 128])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("indptr_type", [np.int32, np.int64])
+def test_random_graphs(width, weighted, indptr_type):
+    rng = np.random.default_rng(width * 7 + weighted)
+    indptr, indices = random_csr(300, 250, 3000, rng, self_loops=True)
+    x = rng.standard_normal((250, width), dtype=np.float32)
+    kw = {}
+    if weighted:
+        kw = dict(values=rng.standard_normal(len(indices), dtype=np.float32),
+                  row_scale=rng.random(300, dtype=np.float32) + 0.1,
+                  col_scale=rng.random(250, dtype=np.float32) + 0.1)
+    check(indptr.astype(indptr_type), indices, x, **kw)
+
+
+@pytest.mark.parametrize("which", ["values", "row_scale", "col_scale"])
+def test_each_option_alone(which):
+    rng = np.random.default_rng(3)
+    indptr, indices = random_csr(120, 90, 900, rng)
+    x = rng.standard_normal((90, 24), dtype=np.float32)
+    arg = {"values": len(indices), "row_scale": 120, "col_scale": 90}[which]
+    check(indptr, indices, x, **{which: rng.standard_normal(arg, dtype=np.float32)})
+
+
+def test_long_rows_cross_segments():
+    # rows longer than the kernel's segment (128 entries) keep summing in CSR order
+    rng = np.random.default_rng(4)
+    indptr = np.array([0, 1000, 1000, 1300], np.int64)
+    indices = rng.integers(0, 500, 1300).astype(np.int32)  # duplicates within a row are allowed
+    x = rng.standard_normal((500, 40), dtype=np.float32)
+    check(indptr, indices, x, values=rng.standard_normal(1300, dtype=np.float32))
+    check(indptr, indices, x[:, :5])
+
+
+def test_a_hat_from_degrees():
+    # A_hat = D^-1/2 (A + I) D^-1/2 as unweighted structure + two per-vertex scales
+    rng = np.random.default_rng(5)
+    indptr, indices = random_csr(200, 200, 1500, rng, self_loops=True)
+    deg = np.diff(indptr).astype(np.float32)
+    s = np.where(deg > 0, 1 / np.sqrt(np.maximum(deg, 1)), 0).astype(np.float32)
+    x = rng.standard_normal((200, 16), dtype=np.float32)
+    got = check(indptr, indices, x, row_scale=s, col_scale=s)
+    weighted = check(indptr, indices, x, values=(s[np.repeat(np.arange(200), np.diff(indptr))] * s[indices]))
+    np.testing.assert_allclose(got, weighted, rtol=1e-5, atol=1e-6)
+
+
+def test_edge_cases():
+    x = np.ones((4, 3), np.float32)
+    assert kernels.gather(np.zeros(1, np.int64), np.empty(0, np.int32), x).shape == (0, 3)  # R = 0
+    out = np.full((5, 3), 7, np.float32)
+    got = kernels.gather(np.zeros(6, np.int32), np.empty(0, np.int32), x, out=out)  # nnz = 0
+    assert got is out and not out.any()
+    # empty x (C = 0) with no entries
+    assert not kernels.gather(np.zeros(3, np.int64), np.empty(0, np.int32), np.empty((0, 2), np.float32)).any()
+    # non-contiguous and float64 x, int64 indices, list inputs
+    rng = np.random.default_rng(6)
+    indptr, indices = random_csr(50, 40, 300, rng)
+    big = rng.standard_normal((40, 64))
+    xs = big[:, ::4]
+    check(indptr, indices.astype(np.int64), xs)
+    check(list(indptr), list(indices), np.asfortranarray(xs.astype(np.float32)))
+    # out given: written in place, shape checked
+    o = np.empty((50, 16), np.float32)
+    assert kernels.gather(indptr, indices, xs, out=o) is o
+    with pytest.raises(ValueError):
+        kernels.gather(indptr, indices, xs, out=np.empty((50, 15), np.float32))
+    with pytest.raises(ValueError):
+        kernels.gather(indptr, indices, xs, row_scale=np.ones(49, np.float32))
+
+
+def test_uses_torch_threads_and_is_thread_count_invariant():
+    rng = np.random.default_rng(7)
+    indptr, indices = random_csr(2000, 1500, 30000, rng)
+    x = rng.standard_normal((1500, 20), dtype=np.float32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.gather(indptr, indices, x)
+        torch.set_num_threads(max(2, before))
+        many = kernels.gather(indptr, indices, x)
+    finally:
+        torch.set_num_threads(before)
+    # a row is never split between threads: the same float32 sums in the same order
+    np.testing.assert_array_equal(one, many)
+
+
+def test_huge_indptr_is_accepted_as_int64():
+    # indptr values beyond int32 only matter with nnz >= 2^31; check int64 offsets are honoured
+    # by a structure whose first row starts late in a (view of a) larger indices array
+    indices = np.array([0, 1, 1, 0], np.int32)
+    indptr = np.array([0, 2, 4], np.int64)
+    x = np.array([[1, 2], [3, 4]], np.float32)
+    np.testing.assert_array_equal(kernels.gather(indptr, indices, x), [[4, 6], [4, 6]])
+
+
+@pytest.mark.parametrize("indptr_type", [np.int32, np.int64])
+def test_transpose_csr_is_the_transpose(indptr_type):
+    rng = np.random.default_rng(8)
+    indptr, indices = random_csr(130, 170, 2000, rng, self_loops=True)
+    values = rng.standard_normal(len(indices), dtype=np.float32)
+    indptr_t, indices_t, perm = kernels.transpose_csr(indptr.astype(indptr_type), indices, 170)
+    assert indptr_t.dtype == np.int64 and indices_t.dtype == np.int32 and perm.dtype in (np.int32, np.int64)
+    want = scipy.sparse.csr_matrix((values, indices, indptr), shape=(130, 170)).T.tocsr()
+    want.sort_indices()
+    np.testing.assert_array_equal(indptr_t, want.indptr)
+    np.testing.assert_array_equal(indices_t, want.indices)
+    np.testing.assert_array_equal(values[perm], want.data)  # exact: a permutation of the same floats
+    assert np.array_equal(np.sort(perm), np.arange(len(indices)))
+    # the transposed product with the original's scales
+    g = rng.standard_normal((130, 9), dtype=np.float32)
+    rs, cs = rng.random(130, dtype=np.float32), rng.random(170, dtype=np.float32)
+    got = kernels.gather_transpose(indptr_t, indices_t, g, values_t=values[perm], row_scale=rs, col_scale=cs)
+    a = scipy.sparse.diags(rs.astype(np.float64)) @ scipy.sparse.csr_matrix(
+        (values.astype(np.float64), indices, indptr), shape=(130, 170)) @ scipy.sparse.diags(cs.astype(np.float64))
+    np.testing.assert_allclose(got, a.T @ g.astype(np.float64), rtol=1e-4, atol=1e-5)
+
+
+def test_transpose_csr_empty():
+    indptr_t, indices_t, perm = kernels.transpose_csr(np.zeros(4, np.int64), np.empty(0, np.int32), 5)
+    assert indptr_t.tolist() == [0] * 6 and indices_t.size == 0 and perm.size == 0
+    with pytest.raises(ValueError):
+        kernels.transpose_csr(np.array([0, 1]), np.array([5], np.int32), 3)
+
+
+def banded(n: int, half_width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric graph with edges only between |i - j| <= half_width (and not all of them)."""
+    i = np.repeat(np.arange(n), 2 * half_width + 1)
+    j = i + np.tile(np.arange(-half_width, half_width + 1), n)
+    ok = (j >= 0) & (j < n) & (i < j) & (rng.random(i.size) < 0.6)
+    i, j = i[ok], j[ok]
+    src, dst = np.concatenate([i, j]), np.concatenate([j, i])
+    m = scipy.sparse.csr_matrix((np.ones(src.size), (src, dst)), shape=(n, n))
+    m.sort_indices()
+    return m.indptr.astype(np.int64), m.indices.astype(np.int32)
+
+
+def relabel(indptr, indices, perm):
+    """The graph with vertex perm[i] renamed i."""
+    n = len(indptr) - 1
+    new = np.empty(n, np.int64)
+    new[perm] = np.arange(n)
+    rows = np.repeat(np.arange(n), np.diff(indptr))
+    m = scipy.sparse.csr_matrix((np.ones(len(indices)), (new[rows], new[indices])), shape=(n, n))
+    m.sort_indices()
+    return m.indptr.astype(np.int64), m.indices.astype(np.int32)
+
+
+def bandwidth(indptr, indices):
+    rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    d = np.abs(rows - indices)
+    return int(d.max()), float(d.mean())
+
+
+def test_locality_order_recovers_a_shuffled_band():
+    rng = np.random.default_rng(9)
+    indptr, indices = banded(3000, 5, rng)
+    shuffle = rng.permutation(3000)
+    s_indptr, s_indices = relabel(indptr, indices, shuffle)
+    perm = kernels.locality_order(s_indptr, s_indices)
+    assert perm.dtype == np.int64 and np.array_equal(np.sort(perm), np.arange(3000))
+    o_indptr, o_indices = relabel(s_indptr, s_indices, perm)
+    shuffled_max, shuffled_mean = bandwidth(s_indptr, s_indices)
+    ordered_max, ordered_mean = bandwidth(o_indptr, o_indices)
+    assert shuffled_mean > 500 and ordered_mean < 20 and ordered_max <= 4 * 5 * 2
+    # the product is order-independent: gathering on the relabelled graph is a permutation of rows
+    x = rng.standard_normal((3000, 8), dtype=np.float32)
+    new = np.empty(3000, np.int64)
+    new[perm] = np.arange(3000)
+    a = kernels.gather(s_indptr, s_indices, x)
+    b = kernels.gather(o_indptr, o_indices, x[perm])
+    np.testing.assert_allclose(b, a[perm], rtol=1e-5, atol=1e-5)
+
+
+def test_locality_order_components_and_edge_cases():
+    assert kernels.locality_order(np.zeros(1, np.int64), np.empty(0, np.int32)).size == 0
+    # isolated vertices, two components, a self loop
+    indptr = np.array([0, 1, 2, 2, 4, 5, 6], np.int64)
+    indices = np.array([1, 0, 4, 5, 3, 3], np.int32)
+    perm = kernels.locality_order(indptr, indices)
+    assert sorted(perm.tolist()) == list(range(6))
+
+
+def test_row_read_probe_sums_rows():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((100, 20), dtype=np.float32)
+    idx = rng.integers(0, 100, 5000).astype(np.int32)
+    np.testing.assert_allclose(kernels.row_read_probe(x, idx, group=12), x[idx].astype(np.float64).sum(0),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_import_does_not_load_numba():
+    # the Lambda bundle (numpy + pyzmq) may import modules that import this one
+    import subprocess
+    import sys
+    code = "import sys, dorylus.models.kernels; assert 'numba' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
