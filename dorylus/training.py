@@ -56,7 +56,7 @@ class ReferenceTrainer:
         self.config = config
         data = graph.dataset
         self.spec = ModelSpec.from_config(config, data.num_features, data.num_classes)
-        self.graph = whole_graph(graph.adjacency)
+        self.graph = whole_graph(graph.adjacency, symmetric=not data.directed)
         self.features = input_features(graph.features)
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
@@ -171,8 +171,12 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
     config = dataclasses.replace(config, parts=config.parts or DEFAULT_PARTS)
     assignment = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts, config.partition_method,
                               seed=config.seed)
-    return _run(config, RunDir.create, dataset, assignment, {"dataset": dataset.fingerprint(), "partitions": None},
-                None, progress)
+    identity = {"dataset": dataset.fingerprint(), "partitions": None}
+    # _run gets the only reference we hold: once the store is written the dataset's arrays are
+    # freed, unless the caller keeps the dataset itself.
+    data = [dataset]
+    del dataset
+    return _run(config, RunDir.create, data, assignment, identity, None, progress)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,15 +287,22 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
             raise ConfigError(f"the {'partition store' if what == 'partitions' else what} {source} changed since "
                               f"the run started (sha256 {str(identity.get(what))[:12]}..., the checkpoint has "
                               f"{str(was)[:12]}...); refusing to resume on different data")
-    return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), dataset, store, identity,
+    data = [dataset]  # freed once _run no longer needs it (see run_training)
+    del dataset
+    return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), data, store, identity,
                 checkpoint, progress)
 
 
-def _run(config: TrainConfig, open_run, dataset: GraphDataset | None, placement, identity: dict[str, str | None],
-         checkpoint: Checkpoint | None, progress: IO[str] | None, cluster=None) -> dict[str, Any]:
+def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, placement,
+         identity: dict[str, str | None], checkpoint: Checkpoint | None, progress: IO[str] | None,
+         cluster=None) -> dict[str, Any]:
     """Open the run directory, build the trainer of ``config.backend`` and train. ``placement``
-    is the partition store, or a part assignment to write into the run directory. ``cluster``:
-    a started :class:`~dorylus.remote.RemoteCluster` (cluster mode), closed here."""
+    is the partition store, or a part assignment to write into the run directory. ``dataset``
+    may come as a one-element list that this takes over (emptied), so that the dataset is
+    freed once the store is written. ``cluster``: a started :class:`~dorylus.remote.RemoteCluster`
+    (cluster mode), closed here."""
+    if isinstance(dataset, list):
+        dataset = dataset.pop()
     source = (f"{dataset.name} ({dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges)" if dataset is not None
               else config.partitions)
     where = f" on the cluster of {cluster.spec.path}" if cluster is not None else ""
@@ -329,6 +340,8 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | None, placement,
                         sparse_features=config.sparse_features)
             store = open_store(store_path, verify=False)
             identity = {**identity, "partitions": store.fingerprint()}
+        # The graph servers load their own parts: nothing of the graph stays in the coordinator.
+        del dataset, placement
         with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
             trainer = DistributedTrainer(config, cluster)
             return _train(config, trainer, run, identity, checkpoint, progress,

@@ -2,21 +2,29 @@
 
 A graph server holds its owned rows' in-edges (columns are its local rows, ``[owned; ghosts]``);
 the reference holds the whole graph. Every row lists its sources with the self loop included
-(the pattern of ``A + I``, :mod:`dorylus.normalize`), so one structure serves every model:
+(the pattern ``S`` of ``A + I``, :mod:`dorylus.normalize`), row ``k``'s self loop being column
+``k``, so one structure serves every model. No per-edge value is kept: each aggregation is ``S``
+scaled by per-vertex vectors,
 
-==========  =========================================================================
-kind        entry ``(v, u)``
-==========  =========================================================================
-``gcn``     ``A_hat[v, u] = 1 / sqrt(deg(v) deg(u))`` (degrees with the self loop)
-``mean``    ``1 / indeg(v)`` for ``u != v``, 0 for the self loop (GraphSAGE's mean)
-==========  =========================================================================
+==========  ==========================================  ===============================================
+kind        entry ``(v, u)``                            as ``S`` with scales
+==========  ==========================================  ===============================================
+``gcn``     ``A_hat[v, u] = norm[v] norm[u]``           ``diag(row_norm) S diag(col_norm)``
+``mean``    ``1 / indeg(v)`` for ``u != v``, 0 at v     ``diag(1 / indeg) (S - [I 0])``
+==========  ==========================================  ===============================================
 
-Row ``v``'s in-degree is its row length minus the self loop: a graph server owns all in-edges of
-its rows, so means are over the whole graph's neighbourhoods, never a partition's. Uses torch's
-CSR kernels; not part of the Lambda bundle.
+with ``norm = (1 + indeg)^-1/2`` of the whole graph and ``indeg(v)`` row ``v``'s length less
+its self loop (a graph server owns all in-edges of its rows, so means are over the whole graph's
+neighbourhoods, never a partition's). Memory: ``indices`` (4 bytes per entry as int32, left
+memory-mapped from the store), ``indptr`` and the scales (per vertex), and for the backward
+pass the transposed pattern (4 bytes per entry, int32), none when the pattern is symmetric
+(``symmetric=True``: the whole undirected graph). :meth:`memory` says what each costs.
 
-The structure itself is numpy (host); the torch matrices and edge index tensors built from it
-are cached on the graph's ``device`` (the CPU by default; the ``gpu`` backend's device), once.
+:meth:`aggregate` and :meth:`aggregate_transpose` run on the host with torch's multi-threaded
+CSR kernel over int32 indices and stride-0 unit values (no per-entry array). :meth:`matrix` and
+:meth:`transpose` build torch CSR matrices with the entries as values on the graph's ``device``
+(the ``gpu`` backend's twins): 4 bytes per entry more there. GAT's per-edge arrays
+(:meth:`edges`, :meth:`source_order`) are made only when asked. Not part of the Lambda bundle.
 """
 
 from __future__ import annotations
@@ -30,15 +38,18 @@ import torch
 KINDS = ("gcn", "mean")
 
 
-def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
-    """A ``shape`` torch CSR on the CPU over (views of) the numpy arrays."""
+def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray | torch.Tensor,
+               shape: tuple[int, int]) -> torch.Tensor:
+    """A ``shape`` torch CSR on the CPU over (views of) the numpy arrays; ``indptr`` takes the
+    dtype of ``indices`` (torch wants both alike). ``values`` may be a tensor (e.g. stride-0 ones)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         # The arrays may be read-only memory maps of the partition store; the matrix is never written.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.sparse_csr_tensor(torch.from_numpy(np.ascontiguousarray(indptr)),
-                                       torch.from_numpy(np.ascontiguousarray(indices)),
-                                       torch.from_numpy(np.ascontiguousarray(values)), size=shape,
+        if not isinstance(values, torch.Tensor):
+            values = torch.from_numpy(np.ascontiguousarray(values))
+        return torch.sparse_csr_tensor(torch.from_numpy(np.ascontiguousarray(indptr, dtype=indices.dtype)),
+                                       torch.from_numpy(np.ascontiguousarray(indices)), values, size=shape,
                                        check_invariants=False)
 
 
@@ -47,6 +58,22 @@ def csr_of_tensors(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
+
+
+def transpose_pattern(indptr: np.ndarray, indices: np.ndarray, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr_T int64 [num_cols + 1], indices_T [nnz])``: the pattern of ``S^T``, rows
+    ascending within each of its rows, ``indices_T`` in ``indices``' dtype. A stable sort by
+    column: 12 bytes per entry of temporaries while it runs."""
+    indptr_t = np.zeros(num_cols + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices, minlength=num_cols), out=indptr_t[1:])
+    order = np.argsort(indices, kind="stable")
+    rows = np.repeat(np.arange(len(indptr) - 1, dtype=indices.dtype), np.diff(indptr))
+    return indptr_t, rows[order]
+
+
+def _ones(nnz: int) -> torch.Tensor:
+    """``nnz`` unit values in no memory (stride 0): torch's CSR kernel reads values by stride."""
+    return torch.ones(1).expand(nnz)
 
 
 @dataclass(frozen=True)
@@ -71,23 +98,36 @@ class CsrGraph:
     """In-edges of ``num_rows`` destination rows over ``num_cols`` columns.
 
     Args:
-        indptr, indices: ``int64 [num_rows + 1]``, ``int64 [nnz]``: CSR of in-edges, self loops included.
-        gcn_weights: ``float32 [nnz]``, the ``A_hat`` entries.
+        indptr: ``int64 [num_rows + 1]``.
+        indices: ``int32 [nnz]`` (or int64): the pattern ``S`` of ``A + I``; kept as given (a
+            memory map stays one, never copied).
+        row_norm, col_norm: ``float32 [num_rows]``, ``[num_cols]``: ``A_hat = diag(row_norm) S
+            diag(col_norm)`` (for a part, ``norm[:n_owned]`` and ``norm``).
         num_cols: columns (source rows); ``row_ids``/``col_ids``: their global vertex ids.
+        symmetric: ``S`` is square and symmetric (the whole undirected graph): its own transpose.
         device: where :meth:`matrix`, :meth:`transpose` and :meth:`tensor` put their tensors
             (default: the CPU, where they share memory with the numpy arrays).
     """
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, gcn_weights: np.ndarray, num_cols: int,
-                 row_ids: np.ndarray, col_ids: np.ndarray, device: torch.device | str | None = None):
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, row_norm: np.ndarray, col_norm: np.ndarray,
+                 num_cols: int, row_ids: np.ndarray, col_ids: np.ndarray, *, symmetric: bool = False,
+                 device: torch.device | str | None = None):
         self.device = torch.device(device or "cpu")
-        self.indptr, self.indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int64)
+        self.indptr = np.asarray(indptr, np.int64)
+        self.indices = indices if indices.dtype in (np.int32, np.int64) else np.asarray(indices, np.int64)
         self.num_rows, self.num_cols = len(self.indptr) - 1, int(num_cols)
+        self.row_norm, self.col_norm = np.asarray(row_norm, np.float32), np.asarray(col_norm, np.float32)
+        if self.row_norm.shape != (self.num_rows,) or self.col_norm.shape != (self.num_cols,):
+            raise ValueError(f"row_norm {self.row_norm.shape} and col_norm {self.col_norm.shape} must be "
+                             f"({self.num_rows},) and ({self.num_cols},)")
         self.row_ids, self.col_ids = np.asarray(row_ids, np.int64), np.asarray(col_ids, np.int64)
-        self._values: dict[str, np.ndarray] = {"gcn": np.asarray(gcn_weights, np.float32)}
+        self.symmetric = bool(symmetric)
+        self._inv_degree: np.ndarray | None = None
+        self._transposed: tuple[np.ndarray, np.ndarray] | None = None
+        self._blocks: dict[tuple, torch.Tensor] = {}
+        self._values: dict[str, np.ndarray] = {}
         self._matrices: dict[tuple, torch.Tensor] = {}
         self._edges: dict[tuple[int, int], Edges] = {}
-        self._row_of: np.ndarray | None = None
         self._source_order: tuple[np.ndarray, np.ndarray] | None = None
         self._tensors: dict[tuple, torch.Tensor] = {}
 
@@ -95,26 +135,101 @@ class CsrGraph:
     def nnz(self) -> int:
         return int(self.indices.shape[0])
 
-    def row_of(self) -> np.ndarray:
-        """``int64 [nnz]``: the row of each entry."""
-        if self._row_of is None:
-            self._row_of = np.repeat(np.arange(self.num_rows, dtype=np.int64), np.diff(self.indptr))
-        return self._row_of
+    # ------------------------------------------------------------------ the host's products
+
+    def inv_degree(self) -> np.ndarray:
+        """``float32 [num_rows]``: ``1 / indeg(v)`` (0 for a row with only its self loop)."""
+        if self._inv_degree is None:
+            degree = np.diff(self.indptr) - 1
+            inv = np.zeros(self.num_rows, np.float64)
+            np.divide(1.0, degree, out=inv, where=degree > 0)
+            self._inv_degree = inv.astype(np.float32)
+        return self._inv_degree
+
+    def _block(self, a: int, b: int) -> torch.Tensor:
+        """Rows ``[a, b)`` of ``S`` as a torch CSR with unit values; the rows' ``indptr`` is the
+        only copy (int32 when the indices are)."""
+        key = ("S", a, b)
+        if key not in self._blocks:
+            lo, hi = int(self.indptr[a]), int(self.indptr[b])
+            self._blocks[key] = csr_tensor(self.indptr[a:b + 1] - lo, self.indices[lo:hi], _ones(hi - lo),
+                                           (b - a, self.num_cols))
+        return self._blocks[key]
+
+    def transposed_pattern(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(indptr_T, indices_T)`` of ``S^T`` (``[num_cols, num_rows]``), made once; ``S``'s
+        own arrays when it is symmetric."""
+        if self.symmetric:
+            return self.indptr, self.indices
+        if self._transposed is None:
+            self._transposed = transpose_pattern(self.indptr, self.indices, self.num_cols)
+        return self._transposed
+
+    def _transpose_block(self) -> torch.Tensor:
+        if ("ST",) not in self._blocks:
+            indptr_t, indices_t = self.transposed_pattern()
+            self._blocks[("ST",)] = csr_tensor(indptr_t, indices_t, _ones(len(indices_t)),
+                                               (self.num_cols, self.num_rows))
+        return self._blocks[("ST",)]
+
+    def aggregate(self, kind: str, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """``M[rows, :] · x`` for ``x`` ``float32 [num_cols, width]``: ``float32 [rows, width]``.
+
+        gcn: ``row_norm[rows] * (S[rows] · (col_norm * x))``; mean:
+        ``inv_degree[rows] * (S[rows] · x - x[rows])``."""
+        a, b = rows if rows is not None else (0, self.num_rows)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if kind == "gcn":
+            out = spmm(self._block(a, b), x * self.col_norm[:, None])
+            out *= self.row_norm[a:b, None]
+        elif kind == "mean":
+            out = spmm(self._block(a, b), x)
+            out -= x[a:b]
+            out *= self.inv_degree()[a:b, None]
+        else:
+            raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
+        return out
+
+    def aggregate_transpose(self, kind: str, grad: np.ndarray) -> np.ndarray:
+        """``M^T · grad`` for ``grad`` ``float32 [num_rows, width]``: ``float32 [num_cols, width]``.
+
+        gcn: ``col_norm * (S^T · (row_norm * grad))``; mean: ``S^T · g - [g; 0]`` with
+        ``g = inv_degree * grad``."""
+        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        if kind == "gcn":
+            out = spmm(self._transpose_block(), grad * self.row_norm[:, None])
+            out *= self.col_norm[:, None]
+        elif kind == "mean":
+            g = grad * self.inv_degree()[:, None]
+            out = spmm(self._transpose_block(), g)
+            out[:self.num_rows] -= g
+        else:
+            raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
+        return out
+
+    # ------------------------------------------------------------------ torch matrices with values (devices)
+
+    def row_of(self, a: int = 0, b: int | None = None) -> np.ndarray:
+        """``int64 [entries of rows a..b)]``: the row of each entry (made per call: 8 bytes each)."""
+        b = self.num_rows if b is None else b
+        return np.repeat(np.arange(a, b, dtype=np.int64), np.diff(self.indptr[a:b + 1]))
 
     def values(self, kind: str) -> np.ndarray:
-        """``float32 [nnz]``: the entries of the aggregation matrix ``kind`` (see the module docstring)."""
+        """``float32 [nnz]``: the entries of the aggregation matrix ``kind`` (see the module
+        docstring), made once for the torch matrices of :meth:`matrix`."""
         if kind not in self._values:
-            if kind != "mean":
+            rows = self.row_of()
+            if kind == "gcn":
+                self._values[kind] = self.row_norm[rows] * self.col_norm[self.indices]
+            elif kind == "mean":
+                self._values[kind] = np.where(self.indices == rows, np.float32(0), self.inv_degree()[rows])
+            else:
                 raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
-            self_loop = self.col_ids[self.indices] == self.row_ids[self.row_of()]
-            in_degree = np.diff(self.indptr) - np.bincount(self.row_of()[self_loop], minlength=self.num_rows)
-            inv = np.zeros(self.num_rows, np.float64)
-            np.divide(1.0, in_degree, out=inv, where=in_degree > 0)
-            self._values[kind] = np.where(self_loop, 0.0, inv[self.row_of()]).astype(np.float32)
         return self._values[kind]
 
     def matrix(self, kind: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        """``[rows, num_cols]`` torch CSR of ``kind`` restricted to rows ``[a, b)`` (all by default)."""
+        """``[rows, num_cols]`` torch CSR of ``kind`` restricted to rows ``[a, b)`` (all by
+        default), on the graph's device."""
         a, b = rows if rows is not None else (0, self.num_rows)
         key = (kind, a, b)
         if key not in self._matrices:
@@ -124,13 +239,18 @@ class CsrGraph:
         return self._matrices[key]
 
     def transpose(self, kind: str) -> torch.Tensor:
-        """``[num_cols, num_rows]`` torch CSR of the transpose of ``kind``."""
+        """``[num_cols, num_rows]`` torch CSR of the transpose of ``kind``, on the graph's device."""
         key = (kind, "T")
         if key not in self._matrices:
-            coo = torch.sparse_coo_tensor(torch.from_numpy(np.stack([self.indices, self.row_of()])),
-                                          torch.from_numpy(self.values(kind)), (self.num_cols, self.num_rows),
-                                          check_invariants=False)
-            self._matrices[key] = self._placed(coo.coalesce().to_sparse_csr())
+            indptr_t, rows_t = self.transposed_pattern()
+            cols_t = np.repeat(np.arange(self.num_cols, dtype=np.int64), np.diff(indptr_t))
+            if kind == "gcn":
+                values = self.col_norm[cols_t] * self.row_norm[rows_t]
+            elif kind == "mean":
+                values = np.where(cols_t == rows_t, np.float32(0), self.inv_degree()[rows_t])
+            else:
+                raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
+            self._matrices[key] = self._placed(csr_tensor(indptr_t, rows_t, values, (self.num_cols, self.num_rows)))
         return self._matrices[key]
 
     def tensor(self, key: tuple, array: np.ndarray) -> torch.Tensor:
@@ -143,20 +263,14 @@ class CsrGraph:
     def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.device.type == "cpu" else tensor.to(self.device)
 
-    def aggregate(self, kind: str, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
-        """``M[rows, :] · x`` for ``x`` ``[num_cols, width]``: ``float32 [rows, width]``."""
-        return spmm(self.matrix(kind, rows), x)
-
-    def aggregate_transpose(self, kind: str, grad: np.ndarray) -> np.ndarray:
-        """``M^T · grad`` for ``grad`` ``[num_rows, width]``: ``float32 [num_cols, width]``."""
-        return spmm(self.transpose(kind), grad)
+    # ------------------------------------------------------------------ GAT's per-edge arrays (lazy)
 
     def edges(self, rows: tuple[int, int] | None = None) -> Edges:
         a, b = rows if rows is not None else (0, self.num_rows)
         if (a, b) not in self._edges:
             lo, hi = self.indptr[a], self.indptr[b]
-            src = self.indices[lo:hi]
-            dst = self.row_of()[lo:hi] - a
+            src = self.indices[lo:hi].astype(np.int64)
+            dst = self.row_of(a, b) - a
             self._edges[(a, b)] = Edges(indptr=self.indptr[a:b + 1] - lo, dst=dst, src=src,
                                         dst_ids=self.row_ids[dst + a], src_ids=self.col_ids[src])
         return self._edges[(a, b)]
@@ -171,6 +285,25 @@ class CsrGraph:
             np.cumsum(np.bincount(self.indices, minlength=self.num_cols), out=indptr[1:])
             self._source_order = (indptr, order)
         return self._source_order
+
+    # ------------------------------------------------------------------ what it costs
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held per structure now (made-on-demand ones once made): ``indices`` and
+        ``indptr`` (the store's, memory-mapped when loaded so), ``norms``, ``transpose``
+        (``S^T``'s pattern; 0 when symmetric), ``block_indptr`` (the torch blocks' row
+        pointers), ``values`` (per-entry values of the device matrices), ``edges`` (GAT)."""
+        transpose = 0 if self.symmetric or self._transposed is None else sum(a.nbytes for a in self._transposed)
+        blocks = sum(m.crow_indices().numel() * m.crow_indices().element_size() for m in self._blocks.values())
+        matrices = sum(m.values().numel() * 4 + m.crow_indices().numel() * m.crow_indices().element_size()
+                       for m in self._matrices.values())
+        edges = sum(e.dst.nbytes + e.src.nbytes + e.dst_ids.nbytes + e.src_ids.nbytes for e in self._edges.values())
+        edges += sum(a.nbytes for a in self._source_order) if self._source_order is not None else 0
+        return {"indices": self.indices.nbytes, "indptr": self.indptr.nbytes,
+                "norms": self.row_norm.nbytes + self.col_norm.nbytes
+                + (self._inv_degree.nbytes if self._inv_degree is not None else 0),
+                "transpose": transpose, "block_indptr": blocks,
+                "values": sum(v.nbytes for v in self._values.values()) + matrices, "edges": edges}
 
 
 def spmm(matrix: torch.Tensor, dense: np.ndarray) -> np.ndarray:

@@ -28,23 +28,25 @@ from dorylus.models.spec import ModelSpec
 from dorylus.normalize import NormalizedAdjacency
 
 
-def whole_graph(adj: NormalizedAdjacency) -> CsrGraph:
-    """Every vertex's in-edges (self loops included) as one :class:`CsrGraph`."""
+def whole_graph(adj: NormalizedAdjacency, symmetric: bool = False) -> CsrGraph:
+    """Every vertex's in-edges (self loops included) as one :class:`CsrGraph`; ``symmetric``:
+    the pattern is (an undirected graph's), so the backward pass needs no transpose."""
     ids = np.arange(adj.num_nodes, dtype=np.int64)
-    return CsrGraph(adj.indptr, adj.indices, adj.weights, adj.num_nodes, ids, ids)
+    return CsrGraph(adj.indptr, adj.indices, adj.norm, adj.norm, adj.num_nodes, ids, ids, symmetric=symmetric)
 
 
 class _Aggregate(torch.autograd.Function):
-    """``Z = M · H``; backward ``dH = M^T · dZ`` with the graph's transpose."""
+    """``Z = M · H``; backward ``dH = M^T · dZ``: the graph servers' own host products
+    (:meth:`CsrGraph.aggregate`), so that the reference computes what they compute."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, graph: CsrGraph, kind: str) -> torch.Tensor:
         ctx.graph, ctx.kind = graph, kind
-        return graph.matrix(kind) @ h
+        return torch.from_numpy(graph.aggregate(kind, h.detach().numpy()))
 
     @staticmethod
     def backward(ctx, grad_z: torch.Tensor):
-        return ctx.graph.transpose(ctx.kind) @ grad_z, None, None
+        return torch.from_numpy(ctx.graph.aggregate_transpose(ctx.kind, grad_z.detach().numpy())), None, None
 
 
 def aggregate(graph: CsrGraph, h: torch.Tensor, kind: str = "gcn") -> torch.Tensor:

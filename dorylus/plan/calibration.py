@@ -251,7 +251,8 @@ def gather_curve(device: str = "cpu", rows: int = 40_000, nnz: int = 1_000_000,
         indices = rng.integers(0, cols, nnz, dtype=np.int64)
         x = rng.random((cols, GATHER_WIDTH), dtype=np.float32)
         if device == "cpu":
-            graph = CsrGraph(indptr, indices, values, cols, np.arange(rows), np.arange(cols))
+            graph = CsrGraph(indptr, indices, np.ones(rows, np.float32), np.ones(cols, np.float32), cols,
+                             np.arange(rows), np.arange(cols))
             seconds = _median_s(lambda: graph.aggregate("gcn", x))
         else:
             matrix = csr_tensor(indptr, indices, values, (rows, cols)).to(device)
@@ -280,7 +281,8 @@ def attention_rates(gather: tuple[tuple[float, float], ...], device: str = "cpu"
     rng = np.random.default_rng(seed)
     indptr = np.linspace(0, nnz, rows + 1).astype(np.int64)
     indices = rng.integers(0, rows, nnz, dtype=np.int64)
-    graph = CsrGraph(indptr, indices, np.ones(nnz, np.float32), rows, np.arange(rows), np.arange(rows), device=device)
+    ones = np.ones(rows, np.float32)
+    graph = CsrGraph(indptr, indices, ones, ones, rows, np.arange(rows), np.arange(rows), device=device)
     width = ATTENTION_HEADS * ATTENTION_WIDTH
     projected, grad_out = (torch.from_numpy(rng.standard_normal((rows, width), dtype=np.float32)).to(device)
                            for _ in range(2))

@@ -84,8 +84,8 @@ class DeviceState(PartitionState):
                          sparse_features="off")
         self.device = device
         n_owned = part.n_owned
-        self.graph = CsrGraph(part.indptr, part.indices, part.weights, part.n_local, self.global_ids[:n_owned],
-                              self.global_ids, device=device)
+        self.graph = CsrGraph(part.indptr, part.indices, part.norm[:n_owned], part.norm, part.n_local,
+                              self.global_ids[:n_owned], self.global_ids, device=device)
         # Copied: the store's arrays may be read-only memory maps, which torch will not wrap.
         self.static = {name: torch.from_numpy(np.array(values)).to(device) for name, values in self.static.items()}
         self.buffers = {name: torch.zeros(tuple(buffer.shape), dtype=torch.float32, device=device)

@@ -62,7 +62,7 @@ def _local_graph() -> CsrGraph:
     indptr = np.array([0, 3, 5, 8])
     indices = np.array([0, 1, 3, 1, 4, 2, 3, 4])  # every owned row has its self loop
     ids = np.array([10, 11, 12, 20, 21])
-    return CsrGraph(indptr, indices, np.ones(8, np.float32), 5, ids[:3], ids)
+    return CsrGraph(indptr, indices, np.ones(3, np.float32), np.ones(5, np.float32), 5, ids[:3], ids)
 
 
 def _dense_attention(graph: CsrGraph, projected, scores, heads, concat, keep_scale):

@@ -1,0 +1,106 @@
+"""A coordinator that lags loses nothing (issue 21): `dorylus train` on Cora is stopped with
+SIGSTOP mid-run and continued; the graph servers keep finishing epochs meanwhile, so their
+reports pile up (one is ~650 characters, the old protocol carried them all in one 1,024-character
+header string and the run ended with exit 1). The run must complete with exit 0 and its
+per-epoch metrics equal an uninterrupted run's (sync mode: loss to 1e-5 relative)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.graphs import shared_data
+from tests.processes import children_of, wait_gone
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = 20
+RUN_TIMEOUT_S = 400
+
+
+def train_args(backend: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(shared_data("cora.npz")), "--backend",
+            backend, "--mode", "sync", "--epochs", str(EPOCHS), "--parts", "2", "--intervals", "2",
+            "--partition-method", "contiguous", "--checkpoint-every", str(EPOCHS), "--run-dir", str(run_dir)]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
+
+
+def run(backend: str, run_dir: Path, pause_s: float | None = None) -> tuple[list[dict], str]:
+    """Train; with ``pause_s``, stop the coordinator with SIGSTOP for that long once it logged
+    two epochs. Every process the run started is gone when this returns, on failure too."""
+    log = run_dir.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(train_args(backend, run_dir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+    started = set()
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        if pause_s is not None:
+            while len(metrics(run_dir)) < 2:
+                assert proc.poll() is None, f"the run ended before the pause: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "the run logged no two epochs in time"
+                time.sleep(0.01)
+            started = children_of(proc.pid)
+            paused_at = len(metrics(run_dir))
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(pause_s)
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            assert paused_at < EPOCHS, "the run finished before the pause: nothing was tested"
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(timeout=30)
+        assert not wait_gone(started, 30), "roles outlived their coordinator"
+    output = log.read_text()
+    assert proc.returncode == 0, output[-3000:]
+    return metrics(run_dir), output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    cache: dict[str, list[dict]] = {}
+
+    def get(backend: str) -> list[dict]:
+        if backend not in cache:
+            cache[backend], _ = run(backend, tmp_path_factory.mktemp(f"plain-{backend}") / "run")
+        return cache[backend]
+
+    return get
+
+
+def assert_same_epochs(paused: list[dict], plain: list[dict]) -> None:
+    assert [m["epoch"] for m in paused] == list(range(1, EPOCHS + 1))
+    assert [m["epoch"] for m in plain] == list(range(1, EPOCHS + 1))
+    for a, b in zip(paused, plain):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), a["epoch"]
+        for key in ("train_acc", "val_acc", "test_acc"):
+            assert a[key] == pytest.approx(b[key], abs=1e-9), (a["epoch"], key)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "lambda"])
+def test_coordinator_paused_half_a_second(tmp_path, uninterrupted, backend):
+    paused, _ = run(backend, tmp_path / "run", pause_s=0.5)
+    assert_same_epochs(paused, uninterrupted(backend))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["cpu", "lambda"])
+def test_coordinator_paused_ten_seconds(tmp_path, uninterrupted, backend):
+    paused, _ = run(backend, tmp_path / "run", pause_s=10.0)
+    assert_same_epochs(paused, uninterrupted(backend))
