@@ -70,7 +70,29 @@ def _train_or_resume(args: argparse.Namespace) -> dict:
             raise ConfigError("--cluster trains on the cluster file's partition store; --dataset does not apply")
         return run_cluster_training(config_from_args(args), cluster)
     config = check_new_run(config_from_args(args))
+    if config.partitions:
+        from dorylus.partition import open_store
+
+        # Checksums cannot catch labels that were wrong when the store was written: refused
+        # here, before the run directory exists, instead of failing at epoch 1 inside it.
+        check_labels(open_store(config.partitions, verify=False), config.partitions)
     return run_training(config, None if config.partitions else load_dataset(config.dataset))
+
+
+def check_labels(store, where: str) -> None:
+    """ConfigError naming the first part with a label outside ``[0, num_classes)`` on a vertex
+    of the train, val or test mask (labels of vertices in no mask are never read)."""
+    classes = store.meta.num_classes
+    for i in range(store.num_parts):
+        part = store.load_part(i)
+        used = part.train_mask | part.val_mask | part.test_mask
+        bad = used & ((part.labels < 0) | (part.labels >= classes))
+        if bad.any():
+            rows = bad.nonzero()[0]
+            first = int(rows[0])
+            raise ConfigError(f"partition store {where}: part {i} has {rows.size} label(s) outside [0, {classes}) "
+                              f"on masked vertices, the first {int(part.labels[first])} at global vertex "
+                              f"{int(part.owned[first])}; rebuild the store from a dataset with labels in range")
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -141,6 +163,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from dorylus.partition import format_stats, open_store, partition_stats
 
     store = open_store(args.store, verify=True)
+    check_labels(store, args.store)
     print(json.dumps({k: v for k, v in store.meta.to_dict().items() if k not in ("files", "parts")}, indent=2))
     stats = partition_stats(store)
     print(format_stats(stats))
@@ -347,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     part.set_defaults(func=cmd_partition)
 
     inspect = sub.add_parser("inspect", help="verify a partition store and print its statistics",
-                             description="Load a partition store, verify format version and checksums, and print "
-                                         "per-partition statistics (owned vertices, edges, ghosts, send volume).")
+                             description="Load a partition store, verify format version and checksums and that "
+                                         "every label on a train, val or test vertex is in [0, num_classes), and "
+                                         "print per-partition statistics (owned vertices, edges, ghosts, send volume).")
     inspect.add_argument("store", help="partition store directory, or s3://BUCKET/PREFIX (downloaded into the "
                                        "local cache first; AWS_ENDPOINT_URL_S3 picks another S3 endpoint)")
     inspect.add_argument("--model", choices=("gcn", "gat", "sage"),

@@ -23,6 +23,17 @@ from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices the gpu backend runs on
 MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
+# Intervals per graph server: each is a function call per stage, a thread and a slot in the
+# scheduler; beyond this the calls cost more invokes than any overlap repays (a part with fewer
+# owned vertices than intervals gets one interval per vertex).
+MAX_INTERVALS = 1024
+# Concurrent function calls per graph server: AWS Lambda's default concurrency limit per region.
+MAX_FUNCTIONS = 1000
+# A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
+# handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
+# WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
+WORKER_MB = 256
+WORKERS_PER_CPU = 32
 
 
 # Fields only the coordinator (or the local emulator, or pricing) reads: a cluster-mode run may
@@ -99,9 +110,13 @@ class TrainConfig:
                              "store's count with --partitions (giving another count is an error)")
     partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
     intervals: int = _opt(2, "intervals per graph server: one function call per interval and stage (more "
-                          "overlap Gather with functions; each call costs an invoke)")
+                          f"overlap Gather with functions; each call costs an invoke); 1 to {MAX_INTERVALS} "
+                          "(a part with fewer owned vertices gets one interval per vertex)")
     functions: int | None = _opt(None, "concurrent function calls per graph server; default: autotuned while "
-                                 "training, between 1 and --intervals")
+                                 f"training, between 1 and --intervals. At most {MAX_FUNCTIONS} (Lambda's default "
+                                 "regional limit); a local lambda run needs an emulator worker process per call in "
+                                 "flight, so there parts x (functions, else intervals, + 1) must not exceed "
+                                 f"min(available memory / {WORKER_MB} MB, {WORKERS_PER_CPU} x cores)")
     relaunch_min_s: float = _opt(5.0, "a function call not finished within max(this, relaunch_ratio x the moving "
                                  "mean of its task kind) is launched again")
     relaunch_ratio: float = _opt(3.0, "multiple of a task kind's moving mean duration before a relaunch")
@@ -173,8 +188,9 @@ class TrainConfig:
             (self.epochs >= 1, "epochs must be >= 1"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
             (self.parts is None or self.parts >= 1, "parts must be >= 1"),
-            (self.intervals >= 1, "intervals must be >= 1"),
-            (self.functions is None or self.functions >= 1, "functions must be >= 1"),
+            (1 <= self.intervals <= MAX_INTERVALS, f"intervals must be in [1, {MAX_INTERVALS}], got {self.intervals}"),
+            (self.functions is None or 1 <= self.functions <= MAX_FUNCTIONS,
+             f"functions must be in [1, {MAX_FUNCTIONS}] (Lambda's default concurrency limit), got {self.functions}"),
             (self.staleness >= 0, "staleness must be >= 0"),
             (self.mode == "async" or self.staleness == 0, f"staleness applies to --mode async only, got mode "
                                                           f"{self.mode!r} with staleness {self.staleness}"),
@@ -232,6 +248,22 @@ class TrainConfig:
             raise ConfigError(f"invalid config: function_handler {self.function_handler!r} is not a "
                               "module:callable")
 
+    def check_local_capacity(self, parts: int | None = None) -> None:
+        """A local lambda run's emulator can start a worker process for every call the graph
+        servers may have in flight (``parts`` servers; default: the config's, else 2), checked
+        before anything is written or started."""
+        if self.backend != "lambda":
+            return
+        parts = parts or self.parts or 2
+        per_server = self.functions or self.intervals
+        workers = parts * (per_server + 1)  # as LocalCluster sizes the emulator: relaunches beside stragglers
+        capacity, why = local_worker_capacity()
+        if workers > capacity:
+            flag = "--functions" if self.functions else "--intervals (--functions' default)"
+            raise ConfigError(f"invalid config: {flag} {per_server} needs {parts} x ({per_server} + 1) = {workers} "
+                              f"emulator workers, more than this machine can start ({capacity}: {why}); use "
+                              f"--functions {max(1, capacity // parts - 1)} or fewer")
+
     def check_device(self) -> None:
         """The gpu backend's ``device`` exists on this machine (CUDA built in, a device of that
         index visible), checked before anything is written. Local mode checks it in the
@@ -263,6 +295,28 @@ class TrainConfig:
             return cls(**typed)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+def local_worker_capacity() -> tuple[int, str]:
+    """How many emulator worker processes this machine can run, and why: one per
+    :data:`WORKER_MB` of available memory, at most :data:`WORKERS_PER_CPU` per core."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available_mb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available_mb = int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    by_cpu = WORKERS_PER_CPU * cpus
+    if available_mb is None:
+        return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
+    by_memory = max(1, available_mb // WORKER_MB)
+    if by_memory < by_cpu:
+        return by_memory, f"{available_mb:,} MB available / {WORKER_MB} MB per worker"
+    return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
 
 
 def _field_type(f: dataclasses.Field) -> type:

@@ -46,19 +46,36 @@ def check_creatable_dir(path: str | Path, what: str) -> None:
     """Raise ConfigError unless ``path`` is an empty directory or can be created: names the
     ancestor that is a regular file, or the directory that already holds files."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{what} {path} exists and is not a directory")
-    if path.is_dir():
-        if any(path.iterdir()):
-            raise ConfigError(f"{what} {path} already exists and is not empty")
-        return
-    for ancestor in path.parents:
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise ConfigError(f"{what} {path} cannot be created: {ancestor} is a file, not a directory")
-            if not os.access(ancestor, os.W_OK | os.X_OK):
-                raise ConfigError(f"{what} {path} cannot be created: {ancestor} is not writable")
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{what} {path} exists and is not a directory")
+        if path.is_dir():
+            if any(path.iterdir()):
+                raise ConfigError(f"{what} {path} already exists and is not empty")
+            _check_writable(path, f"{what} {path} is not writable")
             return
+        for ancestor in path.parents:
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise ConfigError(f"{what} {path} cannot be created: {ancestor} is a file, not a directory")
+                _check_writable(ancestor, f"{what} {path} cannot be created: {ancestor} is not writable")
+                return
+    except OSError as exc:  # e.g. a directory we may not list: one line, not a traceback
+        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def _check_writable(directory: Path, message: str) -> None:
+    """Raise ConfigError(message) unless a file can be made in ``directory``. Permission bits
+    alone do not say (root ignores them, a read-only mount or an ACL overrides them), so a
+    temporary directory is made and removed at once."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(message)
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dorylus-probe-", dir=directory))
+    except OSError as exc:
+        raise ConfigError(f"{message} ({exc.strerror or exc})") from None
 
 
 class RunDir:

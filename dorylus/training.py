@@ -141,6 +141,7 @@ def check_new_run(config: TrainConfig) -> TrainConfig:
         config = dataclasses.replace(config, run_dir=str(default_run_dir(config.dataset, config.backend)))
     config.check_function_handler()
     config.check_device()
+    config.check_local_capacity()
     check_creatable_dir(config.run_dir, "run directory")
     return config
 
@@ -274,6 +275,7 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
                     dict(checkpoint.identity), checkpoint, progress, cluster=remote)
     config.check_function_handler()
     config.check_device()
+    config.check_local_capacity()
     own_store = run_dir / "partitions"
     store = None
     if config.backend != "reference":

@@ -261,3 +261,106 @@ def test_graphserver_gpu_without_cuda(tmp_path, store):
     proc = run(tmp_path, "graphserver", *graphserver_args(store, **{"--config": str(config)}))
     assert_one_error(proc, "graphserver", "--device", "cuda is not available")
     assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- train: bounds and data (issue 21)
+
+
+def test_train_intervals_above_the_cap(tmp_path):
+    from dorylus.config import MAX_INTERVALS
+
+    proc = run(tmp_path, "train", "--dataset", "synthetic-small", "--backend", "cpu", "--intervals", "100000")
+    assert_one_error(proc, "train", "intervals", str(MAX_INTERVALS), "100000")
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_functions_above_lambdas_limit(tmp_path):
+    proc = run(tmp_path, "train", "--dataset", "synthetic-small", "--functions", "5000")
+    assert_one_error(proc, "train", "functions", "5000", "1000")
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_functions_above_what_this_machine_can_start(tmp_path):
+    from dorylus.config import MAX_FUNCTIONS, local_worker_capacity
+
+    capacity, _ = local_worker_capacity()
+    functions = capacity // 2  # 2 parts x (capacity / 2 + 1) workers: one more than fits
+    if functions > MAX_FUNCTIONS:
+        pytest.skip(f"this machine starts {capacity} workers: every allowed --functions fits")
+    proc = run(tmp_path, "train", "--dataset", "synthetic-small", "--backend", "lambda", "--parts", "2",
+               "--functions", str(functions))
+    assert_one_error(proc, "train", f"--functions {functions}", "emulator workers", str(capacity))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def locked_dir(tmp_path):
+    """An empty directory nobody may write into. Permission bits do not bind root, so as root
+    it is also made immutable (chattr +i); undone afterwards, so that pytest can remove it."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    immutable = False
+    try:
+        if os.geteuid() == 0:
+            proc = subprocess.run(["chattr", "+i", str(locked)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.skip(f"running as root and chattr +i failed ({proc.stderr.strip()}): no directory here "
+                            "is unwritable to root")
+            immutable = True
+        yield locked
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(locked)], check=True)
+        locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("case", ["existing-empty", "to-create"])
+def test_train_run_dir_not_writable(tmp_path, locked_dir, case):
+    run_dir = locked_dir if case == "existing-empty" else locked_dir / "run"
+    proc = run(tmp_path, "train", "--dataset", "synthetic-small", "--backend", "cpu", "--run-dir", str(run_dir))
+    assert_one_error(proc, "train", "run directory", str(run_dir).lower(), "not writable")
+    assert not list(locked_dir.iterdir()) and [p.name for p in tmp_path.iterdir()] == ["locked"]
+
+
+@pytest.fixture(scope="module")
+def bad_label_store(tmp_path_factory) -> tuple[Path, int]:
+    """A store whose part 1 has a label equal to num_classes on a train vertex; meta.json's
+    checksums are updated, so the store verifies and only the label check can find it."""
+    import hashlib
+
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("bad-labels")
+    graph = random_graph(num_nodes=40, num_edges=120)
+    write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, 2, "contiguous"), root / "parts",
+                method="contiguous", seed=0)
+    store = root / "parts"
+    meta = json.loads((store / "meta.json").read_text())
+    labels_file = next(rel for rel in meta["files"] if rel.startswith("part-1/") and "labels" in rel)
+    train = np.load(store / labels_file.replace("labels", "train_mask"))
+    labels = np.load(store / labels_file)
+    row = int(np.flatnonzero(train)[0])
+    labels[row] = meta["num_classes"]
+    np.save(store / labels_file, labels)
+    meta["files"][labels_file] = hashlib.sha256((store / labels_file).read_bytes()).hexdigest()
+    (store / "meta.json").write_text(json.dumps(meta))
+    return store, meta["num_classes"]
+
+
+def test_inspect_reports_labels_out_of_range(tmp_path, bad_label_store):
+    store, classes = bad_label_store
+    proc = run(tmp_path, "inspect", str(store))
+    assert_one_error(proc, "inspect", "part 1", f"outside [0, {classes})")
+
+
+def test_train_refuses_labels_out_of_range_before_the_run_directory(tmp_path, bad_label_store):
+    store, classes = bad_label_store
+    proc = run(tmp_path, "train", "--partitions", str(store), "--backend", "cpu", "--run-dir", "run")
+    assert_one_error(proc, "train", "part 1", f"outside [0, {classes})", str(classes))
+    assert not list(tmp_path.iterdir())
+
+
+def test_inspect_accepts_labels_in_range(tmp_path, store):
+    proc = run(tmp_path, "inspect", str(store[0]))
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
