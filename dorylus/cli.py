@@ -335,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "when the list holds both directions of each pair, as generated datasets do, "
                                       "else 2E; measured on a 10M-edge graph) + 64 bytes per vertex, and uses METIS "
                                       "if that fits --memory-budget-gb (default: 60% of MemAvailable), else Fennel. "
-                                      "ldg and fennel stream the edges in chunks of --chunk-edges: memory is about 3 "
-                                      "bytes per vertex plus one chunk, and the store is written one part at a time "
+                                      "ldg and fennel stream the edges in chunks of --chunk-edges: memory is 4 x parts "
+                                      "+ 2 bytes per vertex plus one chunk, and the store is written one part at a time "
                                       "from in-edge buckets in temporary files (--tmp-dir).")
     part.add_argument("--dataset", required=True,
                       help="preset name or path (.npz, edge list, OGB directory, dataset directory from `dorylus "
@@ -348,9 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "metis: k-way min edge cut (pymetis, 32-bit CSR built in row blocks); ldg / fennel: "
                            "streaming over edge chunks with --passes passes; random: seeded balanced; contiguous: "
                            "id ranges")
-    part.add_argument("--passes", type=_positive_int, default=2,
+    part.add_argument("--passes", type=_positive_int, default=3,
                       help="ldg/fennel: passes over the edges; every pass after the first re-decides each vertex "
-                           "with its neighbours already placed (default 2)")
+                           "on its whole neighbourhood (default 3)")
     part.add_argument("--imbalance", type=_fraction, default=0.05,
                       help="ldg/fennel: no part exceeds ceil((1 + IMBALANCE) * N / parts) vertices, in [0, 1] "
                            "(default 0.05)")

@@ -904,7 +904,7 @@ def _npz_edge_slices(path: Path, key: str, size: int) -> Iterator[np.ndarray]:
 def _edgelist_chunks(path: Path, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """An edge-list text file parsed about ``size`` lines at a time (blocks of whole lines)."""
     _require_file(path, "edge list")
-    line_bytes = 24  # a guess at "12345678 12345678\n"; only the block size depends on it
+    line_bytes = 16  # a guess at a line's length; only the read size depends on it
     with open(path, "rb") as f:
         number = 0
         while True:
@@ -920,8 +920,8 @@ def _edgelist_chunks(path: Path, size: int) -> Iterator[tuple[np.ndarray, np.nda
                 line_no, line, reason = bad
                 raise DatasetError(f"{path}: line {number + line_no}: {reason}: {line[:80]!r}")
             number += len(lines)
-            if pairs.size:
-                yield pairs[:, 0], pairs[:, 1]
+            for lo in range(0, pairs.shape[0] if pairs.size else 0, size):  # never more than size edges
+                yield pairs[lo : lo + size, 0], pairs[lo : lo + size, 1]
 
 
 def _checked_vertices(where: str, n: int, num_classes: int, features: np.ndarray, labels: np.ndarray,
