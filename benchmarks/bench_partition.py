@@ -9,6 +9,12 @@ unavailable).
     python benchmarks/bench_partition.py                       # synthetic-reddit, 4 METIS parts
     python benchmarks/bench_partition.py cora --parts 2 --method random
     python benchmarks/bench_partition.py /path/to/graph.npz --parts 8
+    python benchmarks/bench_partition.py synthetic-1m --parts 4 --compare metis,fennel,ldg,random
+
+``--compare`` skips the store and reports, for each method on the same loaded graph, the
+assignment time, edge cut (fraction of listed edges crossing parts) and replication factor
+(``(N + ghosts) / N``: parts holding a copy of a vertex, on average), with the streaming methods
+fed ``--chunk-edges`` edges at a time as ``dorylus partition`` feeds them from disk.
 
 Prints a table and writes ``benchmarks/results/partition-<dataset>-<parts>.json``. The store
 is written under ``--workdir`` (default: the system temp dir) and deleted unless ``--keep``.
@@ -82,7 +88,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="partitioner seed (default: 0)")
     parser.add_argument("--workdir", default=None, help="where the store is written (default: system temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the written store and print its path")
+    parser.add_argument("--compare", default=None, metavar="METHODS",
+                        help="comma-separated methods to compare by edge cut and replication factor (no store)")
+    parser.add_argument("--chunk-edges", type=int, default=1 << 23,
+                        help="--compare: edges per chunk fed to ldg/fennel (default 8388608)")
+    parser.add_argument("--passes", type=int, default=3, help="--compare: ldg/fennel passes (default 3)")
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        return compare(args)
 
     per_stage = _reset_peak()
     stages: list[dict] = []
@@ -143,6 +156,50 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_stats(stats))
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"partition-{name}-{args.parts}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {path}")
+    return result
+
+
+def compare(args: argparse.Namespace) -> dict:
+    """Edge cut and replication factor of several methods on one graph (see the module doc)."""
+    from dorylus.partition.streaming import STREAMING_METHODS, array_chunks, cut_stats, stream_assign
+
+    methods = [m.strip() for m in args.compare.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise SystemExit(f"--compare: unknown method {', '.join(bad) or '(none)'}; known: {', '.join(METHODS)}")
+    dataset = load(args.dataset)
+    chunks = array_chunks(dataset.src, dataset.dst, args.chunk_edges)
+    symmetric_edges = dataset.num_edges // 2 if not dataset.directed else dataset.num_edges
+    rows = []
+    for method in methods:
+        start = time.perf_counter()
+        if method in STREAMING_METHODS:
+            parts = stream_assign(dataset.num_nodes, chunks, args.parts, method, seed=args.seed, passes=args.passes,
+                                  num_edges=max(1, symmetric_edges))
+        else:
+            parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, method, seed=args.seed)
+        seconds = time.perf_counter() - start
+        stats = cut_stats(dataset.num_nodes, chunks, parts, args.parts, directed=dataset.directed)
+        rows.append({"method": method, "seconds": round(seconds, 2), **stats.to_dict()})
+        print(f"  {method}: {seconds:.1f} s, cut {stats.edge_cut:.4f}, replication {stats.replication_factor:.3f}",
+              flush=True)
+    print()
+    print(f"{args.dataset}: N={dataset.num_nodes:,} E={dataset.num_edges:,}, {args.parts} parts; streaming: "
+          f"{args.passes} passes, chunks of {args.chunk_edges:,} edges")
+    print(f"{'method':>10}  {'seconds':>8}  {'edge cut':>8}  {'replication':>11}  {'balance':>7}")
+    for r in rows:
+        print(f"{r['method']:>10}  {r['seconds']:8.2f}  {r['edge_cut']:8.4f}  {r['replication_factor']:11.3f}  "
+              f"{r['balance']:7.3f}")
+    name = Path(args.dataset).stem if args.dataset.endswith(".npz") else Path(args.dataset).name
+    result = {"benchmark": "partition-compare", "dataset": args.dataset, "num_nodes": dataset.num_nodes,
+              "num_edges": dataset.num_edges, "parts": args.parts, "passes": args.passes,
+              "chunk_edges": args.chunk_edges, "rows": rows,
+              "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count()},
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"partition-compare-{name}-{args.parts}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {path}")
     return result

@@ -186,6 +186,9 @@ def run_size(size: str, args: argparse.Namespace) -> dict:
     part_edges = [p["nnz"] - p["num_owned"] for p in store_meta["parts"]]
 
     row["train"] = {}
+    if size not in args.train_sizes:
+        row["train_skipped"] = "not in --train-sizes"
+        return row
     for backend in args.backends:
         run = work / f"{preset}-run-{backend}"
         log = work / f"{preset}-train-{backend}.log"
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="10m", help="comma-separated, of 10m, 60m, 250m (default: 10m)")
     parser.add_argument("--backends", default="cpu,lambda", help="comma-separated training backends (default: cpu,lambda)")
+    parser.add_argument("--train-sizes", default=None,
+                        help="sizes that are also trained (default: all of --sizes); the others stop after partitioning")
     parser.add_argument("--parts", type=int, default=2, help="graph servers (default: 2)")
     parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")
     parser.add_argument("--method", default="auto", help="dorylus partition --method (default: auto)")
@@ -259,6 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
         parser.error(f"--sizes: unknown size {', '.join(bad) or '(none)'}; known: {', '.join(SIZES)}")
+    args.train_sizes = sizes if args.train_sizes is None else [t.strip() for t in args.train_sizes.split(",")]
+    if any(t not in SIZES for t in args.train_sizes):
+        parser.error(f"--train-sizes: each of {', '.join(SIZES)}, got {args.train_sizes}")
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not args.backends or any(b not in ("cpu", "lambda", "gpu", "reference") for b in args.backends):
         parser.error(f"--backends: each of cpu, lambda, gpu, reference, got {args.backends}")
