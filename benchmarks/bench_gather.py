@@ -1,17 +1,18 @@
-"""Throughput of the graph server's Gather kernels on one partition of a real graph.
+"""Throughput of the graph server's Gather kernels on one partition of a real graph, and a roofline.
 
-The graph is partitioned with METIS (``assign_parts`` + ``write_store`` into a temp dir, then
-``open_store`` / ``load_part``) and part ``--part`` becomes a ``graphserver.state.PartitionState``
-(its ``ModelSpec`` from ``TrainConfig``). Its kernels, for each width ``d`` in ``--widths``:
+The graph is partitioned with METIS (``assign_parts``) and part ``--part``'s local GCN matrix is
+built here as a graph server holds it: rows = the part's vertices, columns = those vertices then
+their ghost in-neighbours, ``A_hat = D^-1/2 (A + I) D^-1/2`` (``D`` the in-degree + 1). Its
+kernels, for each width ``d`` in ``--widths``:
 
-* forward  ``Z = A_local · H``,   ``A_local`` CSR ``[n_owned, n_local]``, ``H`` ``[n_local, d]``
-  (``graphserver.state.spmm(state.adj, H)``, what ``PartitionState.gather`` runs);
-* backward ``A_local^T · G``, the precomputed transpose ``[n_local, n_owned]``, ``G`` ``[n_owned, d]``
-  (``spmm(state.adj_t, G)``, what ``PartitionState.gather_backward`` runs);
+* forward  ``Z = A_local · H``,   ``A_local`` CSR ``[n_owned, n_local]``, ``H`` ``[n_local, d]``;
+* backward ``A_local^T · G``, the precomputed transpose ``[n_local, n_owned]``, ``G`` ``[n_owned, d]``;
 
-against, on the same matrix: ``torch.sparse.mm`` with the same CSR tensor (no numpy round trip),
-``torch.sparse.mm`` with it as a coalesced COO tensor, and ``scipy.sparse.csr_matrix @ dense``
-(scipy's kernel is single-threaded). Every kernel's result is checked against a float64 scipy
+each with ``dorylus.models.graph.spmm`` (torch CSR, int64 indices, float32 values: what the graph
+server ran before ``kernels``), ``dorylus.models.kernels.gather`` on the unweighted int32 structure
+with the two degree scales (the transpose from ``kernels.transpose_csr``), ``torch.sparse.mm``
+with the same CSR tensor (no numpy round trip), ``torch.sparse.mm`` with it as a coalesced COO
+tensor, and ``scipy.sparse.csr_matrix @ dense`` (scipy's kernel is single-threaded). Every kernel's result is checked against a float64 scipy
 product before timing (max abs error <= 1e-5 * max |result|).
 
 Timing: ``--warmup`` untimed calls, then ``--repeats`` rounds in which every kernel is called
@@ -27,7 +28,20 @@ kernel ms / ``torch.sparse.mm`` CSR ms (> 1: slower).
     python benchmarks/bench_gather.py --widths 16,64,128,602 --threads 1
     python benchmarks/bench_gather.py --dataset ../shared/data/cora.npz --parts 4 --part 3
 
-Prints a table and writes ``benchmarks/results/gather.json`` (``--output``).
+Roofline (``--roofline``, default ``2400000x16,300000x128``: ``x`` of 154 MB each, far above the
+32 MB L3 here): a synthetic graph of ``N`` vertices and about ``--roofline-degree`` in-edges each,
+90% to vertices within +-1000 positions of a ring and 10% uniform (a graph with locality that a
+random vertex order hides), symmetric, with self loops, ``A_hat`` as above. It is timed in a random
+vertex order and in ``kernels.locality_order`` (reverse Cuthill-McKee) of that order, against the
+probe ``kernels.row_read_probe``: ``nnz`` reads of uniformly random rows of the same ``x`` ``[N, d]``
+in groups of the mean degree, with the same threads, prefetching and register blocking and
+nothing else, timed in the same rounds. Rates count reads only, in the same units for all:
+``entries x width / s`` = ``nnz * d / seconds`` and ``GB/s = nnz * d * 4 / seconds / 1e9``; fraction
+= kernel rate / probe rate (the acceptance line of issue 19 asks >= 0.5 at widths 16 and 128).
+
+    python benchmarks/bench_gather.py --roofline-only --roofline 2400000x16 --repeats 5
+
+Prints tables and writes ``benchmarks/results/gather.json`` (``--output``).
 """
 
 from __future__ import annotations
@@ -36,9 +50,9 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,13 +61,11 @@ import scipy
 import scipy.sparse
 import torch
 
-from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
-from dorylus.models import gcn
-from dorylus.models.spec import ModelSpec
-from dorylus.partition import assign_parts, open_store, write_store
-from graphserver.state import PartitionState, spmm
+from dorylus.models import kernels as gather_kernels
+from dorylus.models.graph import spmm
+from dorylus.partition import assign_parts
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,7 +73,7 @@ BASELINE = "torch.sparse.mm CSR"
 RELATIVE_TOLERANCE = 1e-5  # float32 sums of a few hundred terms, in different orders
 
 
-def kernels(csr: torch.Tensor) -> dict[str, Callable[[np.ndarray], Any]]:
+def kernels(csr: torch.Tensor, lean: "LeanCsr") -> dict[str, Callable[[np.ndarray], Any]]:
     """The kernels compared for one sparse matrix; each takes a float32 numpy ``[cols, d]``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -69,7 +81,9 @@ def kernels(csr: torch.Tensor) -> dict[str, Callable[[np.ndarray], Any]]:
     host = scipy.sparse.csr_matrix((csr.values().numpy(), csr.col_indices().numpy(), csr.crow_indices().numpy()),
                                    shape=tuple(csr.shape))
     return {
-        "PartitionState spmm": lambda dense: spmm(csr, dense),
+        "graph.spmm (torch)": lambda dense: spmm(csr, dense),
+        "kernels.gather": lambda dense: gather_kernels.gather(lean.indptr, lean.indices, dense,
+                                                              row_scale=lean.row_scale, col_scale=lean.col_scale),
         BASELINE: lambda dense: torch.sparse.mm(csr, torch.from_numpy(dense)),
         "torch.sparse.mm COO": lambda dense: torch.sparse.mm(coo, torch.from_numpy(dense)),
         "scipy csr @ dense": lambda dense: host @ dense,
@@ -80,12 +94,12 @@ def as_numpy(result: Any) -> np.ndarray:
     return result.numpy() if isinstance(result, torch.Tensor) else np.asarray(result)
 
 
-def bench_direction(direction: str, csr: torch.Tensor, width: int, warmup: int, repeats: int,
+def bench_direction(direction: str, csr: torch.Tensor, lean: "LeanCsr", width: int, warmup: int, repeats: int,
                     rng: np.random.Generator) -> list[dict[str, Any]]:
     """Check, then time every kernel on ``csr @ dense`` with a random ``dense [cols, width]``."""
     n_rows, n_cols = csr.shape
     dense = rng.standard_normal((n_cols, width), dtype=np.float32)
-    fns = kernels(csr)
+    fns = kernels(csr, lean)
     oracle = scipy.sparse.csr_matrix(
         (csr.values().numpy().astype(np.float64), csr.col_indices().numpy(), csr.crow_indices().numpy()),
         shape=(n_rows, n_cols)) @ dense.astype(np.float64)
@@ -118,6 +132,178 @@ def bench_direction(direction: str, csr: torch.Tensor, width: int, warmup: int, 
     return rows
 
 
+@dataclass
+class LeanCsr:
+    """The unweighted structure (int32 indices) and the two per-vertex scales of one ``A_hat`` block."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    row_scale: np.ndarray
+    col_scale: np.ndarray
+
+
+def csr_from_pairs(rows: np.ndarray, cols: np.ndarray, n_rows: int, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr int64 [n_rows + 1], indices int32 [nnz])`` of the pairs, sorted by row then column."""
+    order = np.argsort(rows.astype(np.int64) * n_cols + cols, kind="stable")
+    indptr = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
+    return indptr, cols[order].astype(np.int32)
+
+
+def local_part(src: np.ndarray, dst: np.ndarray, num_nodes: int, parts: np.ndarray,
+               part: int) -> tuple[LeanCsr, torch.Tensor, LeanCsr, torch.Tensor]:
+    """Part ``part``'s ``A_hat`` block ``[n_owned, n_local]`` and its transpose, lean and as torch CSR.
+
+    Local ids: the part's vertices in global order, then ghost in-neighbours in global order.
+    ``A_hat[v, u] = s_v s_u`` for each edge ``u -> v`` and ``u = v``, ``s = (in-degree + 1)^-1/2``.
+    """
+    scale = (1.0 / np.sqrt(np.bincount(dst, minlength=num_nodes) + 1.0)).astype(np.float32)
+    owned = np.flatnonzero(parts == part)
+    mine = parts[dst] == part
+    e_src, e_dst = src[mine], dst[mine]
+    ghosts = np.setdiff1d(np.unique(e_src), owned)
+    local_ids = np.full(num_nodes, -1, np.int64)
+    local_ids[owned] = np.arange(owned.size)
+    local_ids[ghosts] = owned.size + np.arange(ghosts.size)
+    global_ids = np.concatenate([owned, ghosts])
+    rows = np.concatenate([local_ids[e_dst], np.arange(owned.size)])
+    cols = np.concatenate([local_ids[e_src], np.arange(owned.size)])
+    n_owned, n_local = owned.size, global_ids.size
+    indptr, indices = csr_from_pairs(rows, cols, n_owned, n_local)
+    fwd = LeanCsr(indptr, indices, scale[owned], scale[global_ids])
+    indptr_t, indices_t, _ = gather_kernels.transpose_csr(indptr, indices, n_local)
+    bwd = LeanCsr(indptr_t, indices_t, fwd.col_scale, fwd.row_scale)
+    return fwd, torch_csr(fwd, (n_owned, n_local)), bwd, torch_csr(bwd, (n_local, n_owned))
+
+
+def torch_csr(lean: LeanCsr, shape: tuple[int, int], index_type: torch.dtype = torch.int64) -> torch.Tensor:
+    """The weighted torch CSR tensor (float32 values ``row_scale[r] * col_scale[c]``) of ``lean``."""
+    rows = np.repeat(np.arange(shape[0]), np.diff(lean.indptr))
+    values = lean.row_scale[rows] * lean.col_scale[lean.indices]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+        return torch.sparse_csr_tensor(torch.from_numpy(lean.indptr).to(index_type),
+                                       torch.from_numpy(lean.indices).to(index_type),
+                                       torch.from_numpy(values.astype(np.float32)), shape)
+
+
+# ---------------------------------------------------------------------------------- roofline
+
+def ring_graph(n: int, degree: int, rng: np.random.Generator, window: int = 1000,
+               far: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric ``(src, dst)`` with about ``degree`` in-edges per vertex: a ``1 - far`` share to a
+    vertex within ``+-window`` ring positions, the rest uniform; no self loops (added later)."""
+    half = n * degree // 2
+    u = rng.integers(0, n, half)
+    near = rng.random(half) >= far
+    offset = rng.integers(1, window + 1, half) * rng.choice(np.array([-1, 1]), half)
+    v = np.where(near, (u + offset) % n, rng.integers(0, n, half))
+    keep = u != v
+    key = np.unique(np.minimum(u[keep], v[keep]) * n + np.maximum(u[keep], v[keep]))
+    a, b = key // n, key % n
+    return np.concatenate([a, b]), np.concatenate([b, a])
+
+
+def ahat_lean(src: np.ndarray, dst: np.ndarray, n: int) -> LeanCsr:
+    """``A_hat`` of a symmetric graph ``[n, n]`` (with self loops) as structure + scales."""
+    loops = np.arange(n)
+    indptr, indices = csr_from_pairs(np.concatenate([dst, loops]), np.concatenate([src, loops]), n, n)
+    scale = (1.0 / np.sqrt(np.diff(indptr).astype(np.float64))).astype(np.float32)
+    return LeanCsr(indptr, indices, scale, scale)
+
+
+def relabelled(src: np.ndarray, dst: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The edges with vertex ``perm[i]`` renamed ``i``."""
+    new = np.empty(perm.size, np.int64)
+    new[perm] = np.arange(perm.size)
+    return new[src], new[dst]
+
+
+def roofline_size(text: str) -> tuple[int, int]:
+    n, _, d = text.lower().partition("x")
+    return int(n), int(d)
+
+
+def roofline_list(text: str) -> list[tuple[int, int]]:
+    try:
+        sizes = [roofline_size(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(min(s) for s in sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--roofline takes comma-separated NxD sizes, got {text!r}")
+    return sizes
+
+
+def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int,
+                   rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Gather on a graph of ``n`` vertices at ``width``, random and RCM orders, against the probe."""
+    src, dst = ring_graph(n, degree, rng)
+    src, dst = relabelled(src, dst, rng.permutation(n))
+    graphs = {"random": ahat_lean(src, dst, n)}
+    start = time.perf_counter()
+    order = gather_kernels.locality_order(graphs["random"].indptr, graphs["random"].indices)
+    order_seconds = time.perf_counter() - start
+    graphs["rcm"] = ahat_lean(*relabelled(src, dst, order), n)
+    del src, dst
+    x = rng.standard_normal((n, width), dtype=np.float32)
+    nnz = int(graphs["random"].indptr[-1])
+    probe_idx = rng.integers(0, n, nnz).astype(np.int32)
+    group = max(1, round(nnz / n))
+    fns: dict[str, Callable[[], Any]] = {"probe: random row reads": lambda: gather_kernels.row_read_probe(x, probe_idx, group)}
+    for name, g in graphs.items():
+        out = np.empty((n, width), np.float32)
+        fns[f"{name}: kernels.gather"] = (lambda g=g, out=out: gather_kernels.gather(
+            g.indptr, g.indices, x, row_scale=g.row_scale, col_scale=g.col_scale, out=out))
+        for label, index_type in (("int32", torch.int32), ("int64", torch.int64)):
+            t = torch_csr(g, (n, n), index_type)
+            fns[f"{name}: torch CSR {label}"] = lambda t=t: torch.sparse.mm(t, torch.from_numpy(x))
+        # check the kernel on this graph against float64 before timing
+        got = gather_kernels.gather(g.indptr, g.indices, x, row_scale=g.row_scale, col_scale=g.col_scale)
+        a = scipy.sparse.csr_matrix((np.repeat(g.row_scale.astype(np.float64), np.diff(g.indptr))
+                                     * g.col_scale.astype(np.float64)[g.indices], g.indices, g.indptr), shape=(n, n))
+        want = a @ x.astype(np.float64)
+        error = float(np.abs(got - want).max())
+        if error > RELATIVE_TOLERANCE * max(float(np.abs(want).max()), 1e-30):
+            raise SystemExit(f"bench_gather: kernels.gather on the {name}-order graph differs from float64 by {error:.3e}")
+        del a, want, got
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    probe = statistics.median(seconds["probe: random row reads"])
+    bandwidth = {name: float(np.abs(np.repeat(np.arange(n), np.diff(g.indptr)) - g.indices).mean())
+                 for name, g in graphs.items()}
+    rows = []
+    for name, times in seconds.items():
+        median = statistics.median(times)
+        order_name = name.split(":")[0]
+        rows.append({"n": n, "width": width, "nnz": nnz, "x_mb": n * width * 4 / 1e6, "kernel": name,
+                     "order": order_name if order_name in graphs else None,
+                     "mean_abs_i_minus_j": bandwidth.get(order_name), "ms_median": 1e3 * median,
+                     "ms_min": 1e3 * min(times), "entries_width_per_s": nnz * width / median,
+                     "gb_per_s": nnz * width * 4 / median / 1e9, "fraction_of_probe": probe / median,
+                     "rcm_seconds": order_seconds, "ms_per_call": [1e3 * t for t in times]})
+    return rows
+
+
+def print_roofline(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'N':>8} {'d':>4} {'x MB':>6} {'nnz':>10} {'kernel':<26} {'mean|i-j|':>10} {'ms median':>9} "
+              f"{'1e9 ent*d/s':>11} {'GB/s':>6} {'of probe':>8}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        bw = f"{r['mean_abs_i_minus_j']:10.0f}" if r["mean_abs_i_minus_j"] is not None else f"{'':>10}"
+        print(f"{r['n']:>8} {r['width']:>4} {r['x_mb']:6.0f} {r['nnz']:>10} {r['kernel']:<26} {bw} "
+              f"{r['ms_median']:9.1f} {r['entries_width_per_s'] / 1e9:11.3f} {r['gb_per_s']:6.2f} "
+              f"{r['fraction_of_probe']:7.2f}x")
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (f"{'direction':<9} {'d':>4} {'kernel':<22} {'rows':>7} {'cols':>7} {'nnz':>9} "
               f"{'ms median':>9} {'ms min':>8} {'GB/s':>6} {'vs CSR':>7}")
@@ -145,6 +331,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--part", type=int, default=0, help="the part whose kernels are timed (default: 0)")
     parser.add_argument("--widths", type=width_list, default=[16, 64, 128],
                         help="dense widths d, comma-separated (default: 16,64,128)")
+    parser.add_argument("--roofline", type=roofline_list, default=[(2_400_000, 16), (300_000, 128)],
+                        help="roofline graph sizes NxD, comma-separated (default: 2400000x16,300000x128)")
+    parser.add_argument("--roofline-degree", type=positive_int, default=12,
+                        help="mean in-degree of the roofline graphs, before self loops (default: 12)")
+    parser.add_argument("--roofline-only", action="store_true", help="skip the METIS partition kernels")
+    parser.add_argument("--no-roofline", action="store_true", help="skip the roofline")
     parser.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)),
                         help="torch threads (default: all usable cores)")
     parser.add_argument("--repeats", type=positive_int, default=30, help="timed rounds (default: 30)")
@@ -156,55 +348,68 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--part must be in [0, {args.parts}), got {args.part}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.roofline_only and args.no_roofline:
+        parser.error("--roofline-only and --no-roofline leave nothing to run")
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     print(f"gather benchmark: {args.dataset}, part {args.part} of {args.parts} (METIS), widths {args.widths}, "
-          f"{args.threads} torch threads; torch {torch.__version__}, scipy {scipy.__version__}, {os.cpu_count()} cpus, "
+          f"{args.threads} torch threads; torch {torch.__version__} (MKL {torch.backends.mkl.is_available()}), "
+          f"scipy {scipy.__version__}, {os.cpu_count()} cpus, "
           f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
-    dataset = load_dataset(args.dataset)
-    config = TrainConfig(dataset=args.dataset, parts=args.parts, seed=args.seed)
-    parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=args.seed)
-    with tempfile.TemporaryDirectory(prefix="bench-gather-") as workdir:
-        write_store(dataset, parts, Path(workdir) / "store", method="metis", seed=args.seed)
-        store = open_store(Path(workdir) / "store", verify=True)
-        part = store.load_part(args.part, mmap=False)
-        spec = ModelSpec.from_config(config, store.meta.num_features, store.meta.num_classes)
-        state = PartitionState(part, gcn.build_plan(spec), row_normalize_features=True,
-                               num_intervals=config.intervals)
-    print(f"  part {args.part}: {part.n_owned:,} owned + {part.n_ghost:,} ghost rows, {part.nnz:,} A_hat entries",
-          flush=True)
-
     rng = np.random.default_rng(args.seed)
-    rows = []
-    for width in args.widths:
-        rows += bench_direction("forward", state.adj, width, args.warmup, args.repeats, rng)
-        rows += bench_direction("backward", state.adj_t, width, args.warmup, args.repeats, rng)
-        print(f"  d={width}: done", flush=True)
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"benchmark": "gather", "dataset": args.dataset, "parts": args.parts, "part": args.part,
+                              "method": "metis", "seed": args.seed, "widths": args.widths, "threads": args.threads,
+                              "warmup": args.warmup, "repeats": args.repeats}
+    if not args.roofline_only:
+        dataset = load_dataset(args.dataset)
+        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=args.seed)
+        fwd, adj, bwd, adj_t = local_part(dataset.src, dataset.dst, dataset.num_nodes, parts, args.part)
+        n_owned, n_local = adj.shape
+        nnz = int(fwd.indptr[-1])
+        print(f"  part {args.part}: {n_owned:,} owned + {n_local - n_owned:,} ghost rows, {nnz:,} A_hat entries",
+              flush=True)
+        for width in args.widths:
+            rows += bench_direction("forward", adj, fwd, width, args.warmup, args.repeats, rng)
+            rows += bench_direction("backward", adj_t, bwd, width, args.warmup, args.repeats, rng)
+            print(f"  d={width}: done", flush=True)
+        print()
+        print(f"{dataset.name}, part {args.part} of {args.parts}; forward = A_local [n_owned, n_local] @ H, "
+              f"backward = A_local^T [n_local, n_owned] @ G; median of {args.repeats} rounds after {args.warmup} warm-up.")
+        print("GB/s = (nnz*d*4 bytes read + rows*d*4 bytes written) / time (dense float32 data only); "
+              "vs CSR = ms / torch.sparse.mm CSR ms.")
+        print(f"torch threads {args.threads}; scipy is single-threaded.")
+        print_table(rows)
+        result.update({"dataset_name": dataset.name, "n_owned": n_owned, "n_ghost": n_local - n_owned, "nnz": nnz})
+    roofline: list[dict[str, Any]] = []
+    if not args.no_roofline:
+        repeats = min(args.repeats, 7)
+        for n, width in args.roofline:
+            roofline += bench_roofline(n, width, args.roofline_degree, min(args.warmup, 1), repeats, rng)
+            print(f"  roofline {n}x{width}: done", flush=True)
+        print()
+        print(f"Roofline: ring graphs (90% of edges within +-1000 positions, 10% uniform), symmetric, self loops, "
+              f"A_hat = structure + 2 scales; random vertex order and RCM (kernels.locality_order) of it; median of "
+              f"{repeats} rounds. Rates count reads only: entries*d/s = nnz*d/s, GB/s = nnz*d*4/s; of probe = "
+              f"rate / the probe's rate (nnz random rows of the same x, same threads).")
+        print_roofline(roofline)
     load_after = os.getloadavg()
-
-    print()
-    print(f"{dataset.name}, part {args.part} of {args.parts}; forward = A_local [n_owned, n_local] @ H, "
-          f"backward = A_local^T [n_local, n_owned] @ G; median of {args.repeats} rounds after {args.warmup} warm-up.")
-    print("GB/s = (nnz*d*4 bytes read + rows*d*4 bytes written) / time (dense float32 data only); "
-          "vs CSR = ms / torch.sparse.mm CSR ms.")
-    print(f"torch threads {args.threads}; scipy is single-threaded.")
-    print_table(rows)
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} cpus, shared: "
           f"timings are noisy)")
 
-    result = {
-        "benchmark": "gather", "dataset": args.dataset, "dataset_name": dataset.name, "parts": args.parts,
-        "part": args.part, "method": "metis", "seed": args.seed, "n_owned": part.n_owned, "n_ghost": part.n_ghost,
-        "nnz": part.nnz, "widths": args.widths, "threads": args.threads, "warmup": args.warmup,
-        "repeats": args.repeats,
+    result.update({
         "gb_per_s_formula": "(nnz * d * 4 + n_rows * d * 4) / median_seconds / 1e9 (dense float32 read per stored "
                             "entry + output written; CSR structure not counted)",
-        "config": config.to_dict(), "rows": rows,
-        "machine": {**machine_info(load_before, load_after), "scipy": scipy.__version__},
+        "rows": rows,
+        "roofline_formula": "entries_width_per_s = nnz * d / median_seconds; gb_per_s = nnz * d * 4 / median_seconds "
+                            "/ 1e9; fraction_of_probe = probe median seconds / kernel median seconds",
+        "roofline_degree": args.roofline_degree, "roofline": roofline,
+        "machine": {**machine_info(load_before, load_after), "scipy": scipy.__version__,
+                    "mkl": torch.backends.mkl.is_available()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    })
     write_json(result, args.output)
     print(f"wrote {args.output}")
     return result
