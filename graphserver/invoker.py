@@ -6,8 +6,11 @@ The same code talks to AWS Lambda and to the local emulator; only ``endpoint_url
   (``invoker.limiter``) for its whole life; queued calls are admitted lowest priority tuple first
   (Dorylus's task priorities, DESIGN §3). ``invoker.concurrency = n`` changes the capacity while
   running (an autotuner may set it between epochs).
-* Throttling (429 ``TooManyRequestsException``) is retried inside an attempt with capped
-  exponential backoff and jitter; it is not a failed attempt unless the retries run out.
+* Throttling (429 ``TooManyRequestsException``) and other transient answers (5xx) are retried
+  inside an attempt by botocore's ``standard`` retry mode (exponential backoff with jitter, at
+  most ``max_throttle_retries`` retries); they are not a failed attempt unless the retries run
+  out. Botocore does not resend a request that got no answer (refused, reset, read timeout): that
+  fails the attempt, and relaunch below, not a resend of the same attempt, deals with it.
 * Relaunch (DESIGN §3): attempt 0 is sent with ``event["attempt"] = 0``. When the newest attempt
   fails (function error, including a crashed sandbox ``Runtime.ExitError`` and a timeout
   ``Sandbox.Timedout``; an invoke error; a client read timeout) or has not answered within
@@ -25,15 +28,17 @@ The same code talks to AWS Lambda and to the local emulator; only ``endpoint_url
   ``in_flight`` may exceed ``concurrency`` (by at most ``max_attempts - 1`` per straggling call).
   They therefore never wait behind lower-priority calls and cannot deadlock at capacity 1. Should
   that overflow exceed the account's concurrency, Lambda answers 429 and the attempt backs off.
+  Time spent backing off does not count towards the relaunch deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import json
-import random
 import time
+import warnings
 from typing import Any
 
 from graphserver.limiter import PriorityLimiter
@@ -65,17 +70,24 @@ class _Attempt:
 
     def __init__(self, number: int, now: float):
         self.number = number
-        self.sent_at = now  # when its request was (or, while backing off, will be) sent
+        self.sent_at: float | None = now  # when its request was last sent; None while backing off
         self.task: asyncio.Task | None = None
+
+
+# The attempt whose request botocore is sending: each attempt runs in a task of its own, and
+# botocore's event hooks run in the task that makes the call.
+_ATTEMPT: contextvars.ContextVar[_Attempt] = contextvars.ContextVar("dorylus_invoke_attempt")
 
 
 class LambdaInvoker:
     def __init__(self, endpoint_url: str | None, function_name: str, *, concurrency: int, timeout_s: float,
                  relaunch_min_s: float = 5.0, relaunch_ratio: float = 3.0, max_attempts: int = 4,
-                 region: str | None = None, max_throttle_retries: int = 10, backoff_s: float = 0.05,
-                 max_backoff_s: float = 2.0):
+                 region: str | None = None, max_throttle_retries: int = 10, backoff_s: float | None = None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, not {max_attempts}")
+        if backoff_s is not None:
+            warnings.warn("LambdaInvoker(backoff_s=...) is ignored: botocore's standard retry mode sets the "
+                          "backoff", DeprecationWarning, stacklevel=2)
         self.endpoint_url = endpoint_url
         self.function_name = function_name
         self.region = region
@@ -84,8 +96,6 @@ class LambdaInvoker:
         self.relaunch_ratio = relaunch_ratio
         self.max_attempts = max_attempts
         self.max_throttle_retries = max_throttle_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
         self.limiter = PriorityLimiter(concurrency)
         self.throttled = 0  # since creation; take_stats() reports per interval
         self._counts = dict.fromkeys(("invocations", "relaunches", "failed_calls", "throttled"), 0)
@@ -115,8 +125,8 @@ class LambdaInvoker:
     def take_stats(self) -> dict[str, Any]:
         """Return and reset the counts since the previous call: ``invocations`` (attempts
         launched), ``relaunches`` (attempts beyond the first), ``failed_calls`` (attempts that
-        failed), ``throttled`` (429 answers, each retried), plus the limiter's ``busy_s``,
-        ``wait_s``, ``max_waiting``, ``capacity`` and ``interval_s``."""
+        failed), ``throttled`` (429 answers; botocore retries each while its retries last), plus
+        the limiter's ``busy_s``, ``wait_s``, ``max_waiting``, ``capacity`` and ``interval_s``."""
         stats = dict(self._counts)
         self._counts = dict.fromkeys(self._counts, 0)
         stats.update(self.limiter.take_stats())
@@ -165,8 +175,11 @@ class LambdaInvoker:
                 from botocore.config import Config
 
                 # Connections open on demand, so a generous pool costs nothing and lets the
-                # concurrency (and relaunches beyond it) grow at run time.
-                config = Config(retries={"total_max_attempts": 1}, read_timeout=self.timeout_s, connect_timeout=10,
+                # concurrency (and relaunches beyond it) grow at run time. "standard", not "adaptive":
+                # Lambda's 429 here is a limit on calls in flight, not on their rate, and adaptive
+                # mode would slow every call of the client down after one.
+                config = Config(retries={"mode": "standard", "max_attempts": self.max_throttle_retries},
+                                read_timeout=self.timeout_s, connect_timeout=10,
                                 max_pool_connections=max(256, 2 * self.concurrency))
                 credentials = {}
                 if self.endpoint_url:  # the local emulator does not check signatures
@@ -176,12 +189,34 @@ class LambdaInvoker:
                 try:
                     cm = get_session().create_client("lambda", region_name=self._region(),
                                                      endpoint_url=self.endpoint_url, config=config, **credentials)
-                    self._client = await cm.__aenter__()
+                    client = await cm.__aenter__()
                 except NoRegionError:
                     raise TaskFailed(f"cannot invoke {self.function_name}: no AWS region (give the graph server "
                                      "--region, set AWS_REGION, or name it in the cluster file)") from None
-                self._client_cm = cm
+                # Specific to Invoke, so these run before botocore's retry handler (on all of Lambda).
+                client.meta.events.register("before-send.lambda.Invoke", self._on_send)
+                client.meta.events.register("needs-retry.lambda.Invoke", self._on_answer)
+                self._client_cm, self._client = cm, client
             return self._client
+
+    @staticmethod
+    def _on_send(**_) -> None:
+        attempt = _ATTEMPT.get(None)
+        if attempt is not None:
+            attempt.sent_at = time.monotonic()
+
+    def _on_answer(self, response=None, caught_exception=None, **_) -> None:
+        """botocore's ``needs-retry`` event, seen before its retry handler decides."""
+        if caught_exception is not None:
+            raise caught_exception  # no answer: not botocore's to resend (module docstring)
+        status = response[0].status_code
+        if status >= 400:
+            attempt = _ATTEMPT.get(None)
+            if attempt is not None:
+                attempt.sent_at = None  # backing off, if botocore retries it, until it is sent again
+            if status == 429:
+                self.throttled += 1
+                self._counts["throttled"] += 1
 
     # -- invoke ---------------------------------------------------------------------------------
 
@@ -221,7 +256,9 @@ class LambdaInvoker:
                 can_relaunch = len(attempts) < self.max_attempts
                 timeout = None
                 if can_relaunch and newest.task in by_task:
-                    timeout = max(0.0, newest.sent_at + self.relaunch_after(kind) - time.monotonic())
+                    # While it backs off its deadline is unknown: look again after one relaunch period.
+                    timeout = self.relaunch_after(kind) if newest.sent_at is None else \
+                        max(0.0, newest.sent_at + self.relaunch_after(kind) - time.monotonic())
                 done, _ = await asyncio.wait(by_task, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 relaunch = False
                 # Successes first: when several attempts end together, any success wins.
@@ -241,7 +278,7 @@ class LambdaInvoker:
                                          f"attempt{'s' * (len(attempts) != 1)}; last error: {last_error}")
                     if attempt is newest:
                         relaunch = True
-                if not done and newest.task in by_task and \
+                if not done and newest.task in by_task and newest.sent_at is not None and \
                         time.monotonic() >= newest.sent_at + self.relaunch_after(kind):
                     relaunch = True  # the newest attempt is straggling; it keeps running
                 if relaunch and can_relaunch:
@@ -262,31 +299,20 @@ class LambdaInvoker:
                     task.exception()
 
     async def _attempt(self, client, event: dict[str, Any], attempt: _Attempt) -> tuple[Any, float]:
-        """One attempt: the invoke, throttling retries included. Returns (result, seconds from
+        """One attempt: the invoke, botocore's retries included. Returns (result, seconds from
         the last send to the answer) or raises _AttemptFailed."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        payload = json.dumps(event).encode()
-        for retry in range(self.max_throttle_retries + 1):
-            attempt.sent_at = time.monotonic()
-            try:
-                response = await client.invoke(FunctionName=self.function_name,
-                                               InvocationType="RequestResponse", Payload=payload)
-                body = await response["Payload"].read()
-                break
-            except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code")
-                if code == "TooManyRequestsException" and retry < self.max_throttle_retries:
-                    self.throttled += 1
-                    self._counts["throttled"] += 1
-                    delay = min(self.max_backoff_s, self.backoff_s * 2 ** retry) * (0.5 + random.random() / 2)
-                    # The backoff does not count against the relaunch deadline.
-                    attempt.sent_at = time.monotonic() + delay
-                    await asyncio.sleep(delay)
-                    continue
-                raise _AttemptFailed(f"invoke failed: {code}: {exc}", fatal=code in FATAL_API_ERRORS) from None
-            except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
-                raise _AttemptFailed(f"invoke failed: {type(exc).__name__}: {exc}") from None
+        _ATTEMPT.set(attempt)
+        try:
+            response = await client.invoke(FunctionName=self.function_name, InvocationType="RequestResponse",
+                                           Payload=json.dumps(event).encode())
+            body = await response["Payload"].read()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            raise _AttemptFailed(f"invoke failed: {code}: {exc}", fatal=code in FATAL_API_ERRORS) from None
+        except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
+            raise _AttemptFailed(f"invoke failed: {type(exc).__name__}: {exc}") from None
         duration = time.monotonic() - attempt.sent_at
         try:
             result = json.loads(body) if body else None
