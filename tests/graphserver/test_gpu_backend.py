@@ -11,6 +11,9 @@ Scatter's additions are one float32 operation per element on both sides: equal.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import threading
 
 import numpy as np
 import pytest
@@ -170,3 +173,339 @@ def test_open_device_sets_the_memory_budget_and_tf32(monkeypatch, fraction, part
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
     open_device(TrainConfig(backend="gpu", device="cuda", allow_tf32=True), parts=parts)
     assert torch.backends.cuda.matmul.allow_tf32 is True
+
+
+# ---------------------------------------------------------------------------------------------
+# The CUDA paths of DeviceState, run on torch's CPU device through a recording stand-in for
+# graphserver.backends.gpu.CudaRuntime: which copies are pinned, non-blocking and on the copy
+# stream, what each stage waits for, and from which threads CUDA is touched.
+
+
+class _FakeEvent:
+    def __init__(self, cuda, stream):
+        self.cuda, self.stream = cuda, stream
+
+    def synchronize(self):
+        self.cuda.check_thread("event.synchronize")
+        self.cuda.waits.append(self.stream.name)
+
+
+class _FakeStream:
+    def __init__(self, cuda, name):
+        self.cuda, self.name = cuda, name
+        self.waited_for: list[str] = []
+
+    def wait_event(self, event):
+        self.cuda.check_thread("stream.wait_event")
+        self.waited_for.append(event.stream.name)
+
+    def wait_stream(self, stream):  # a whole-stream dependency: what the fixed code no longer uses
+        raise AssertionError(f"{self.name} stream waited for the whole {stream.name} stream")
+
+    def synchronize(self):
+        raise AssertionError(f"the host drained the {self.name} stream")
+
+
+class FakeCuda:
+    """graphserver.backends.gpu.CudaRuntime's interface over CPU tensors, recording what the
+    state asks of it; every call checks that its thread made the device current first."""
+
+    def __init__(self):
+        self.copy_stream = _FakeStream(self, "copy")
+        self.compute = _FakeStream(self, "compute")
+        self.current = self.compute
+        self.bound: set[int] = set()
+        self.used_by: set[int] = set()
+        self.pinned_ptrs: set[int] = set()
+        self.waits: list[str] = []      # event.synchronize() calls, by the event's stream
+        self.events: list[str] = []     # events recorded, by stream
+        self.kept: list[str] = []
+
+    def check_thread(self, what):
+        ident = threading.get_ident()
+        assert ident in self.bound, f"{what} from a thread whose CUDA device was never set"
+        self.used_by.add(ident)
+
+    def bind_thread(self):
+        self.bound.add(threading.get_ident())
+
+    def compute_stream(self):
+        self.check_thread("current_stream")
+        return self.compute
+
+    @contextlib.contextmanager
+    def on(self, stream):
+        self.check_thread("torch.cuda.stream")
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def event(self, stream):
+        self.check_thread("Event.record")
+        self.events.append(stream.name)
+        return _FakeEvent(self, stream)
+
+    def pinned(self, shape, dtype):
+        self.check_thread("pin_memory")
+        tensor = torch.empty(shape, dtype=dtype)
+        self.pinned_ptrs.add(tensor.data_ptr())
+        return tensor
+
+    def keep_for(self, tensor, stream):
+        self.check_thread("record_stream")
+        self.kept.append(stream.name)
+
+
+class _Copies:
+    """Tensor.to / Tensor.copy_ calls made while the fake's copy stream is current."""
+
+    def __init__(self, monkeypatch, cuda: FakeCuda):
+        self.calls: list[dict] = []
+        to, copy_ = torch.Tensor.to, torch.Tensor.copy_
+
+        def record(kind, src, dst, non_blocking):
+            if cuda.current is cuda.copy_stream:
+                self.calls.append({"kind": kind, "non_blocking": non_blocking, "pinned_src":
+                                   src.data_ptr() in cuda.pinned_ptrs, "pinned_dst": dst is not None and
+                                   dst.data_ptr() in cuda.pinned_ptrs})
+
+        def fake_to(self_, *args, **kwargs):
+            record("to", self_, None, kwargs.get("non_blocking", False))
+            return to(self_, *args, **kwargs)
+
+        def fake_copy(self_, src, non_blocking=False):
+            record("copy_", src, self_, non_blocking)
+            return copy_(self_, src, non_blocking=non_blocking)
+
+        monkeypatch.setattr(torch.Tensor, "to", fake_to)
+        monkeypatch.setattr(torch.Tensor, "copy_", fake_copy)
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Fails on any read of a tensor's value into Python (each is a device synchronization on
+    CUDA): .item(), int(), float(), bool(), .tolist()."""
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"Tensor.{name} read a device value on the host")
+        return read
+
+    for name in ("item", "__int__", "__float__", "__bool__", "__index__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(name))
+
+
+def _fake_cuda_state(store, config, part_id=0):
+    """A cpu DeviceState whose CUDA paths run on the fake, bound to this thread as open_device
+    would have, and the host state beside it (the same rows)."""
+    plan, host, state = _states(store, part_id, config, "cpu")
+    state.cuda = FakeCuda()
+    state.cuda.bind_thread()
+    return plan, host, state
+
+
+def _stage(plan, task, layer):
+    return next(s for s in plan.train if s.task == task and s.layer == layer)
+
+
+def _run_stage(state, model, stage, interval, params, args):
+    a, b = state.intervals[interval]
+    rows = [state.rows(name)[a:b] for name in stage.reads]
+    return state.compute(model, stage.task, stage.layer, rows, params, args)
+
+
+def _params(config, layer):
+    spec = ModelSpec.from_config(config, NUM_FEATURES, NUM_CLASSES)
+    return spec.init_params(seed=3)[layer]
+
+
+def test_a_stage_uploads_its_parameters_pinned_non_blocking_on_the_copy_stream(store, monkeypatch, no_host_reads):
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _fake_cuda_state(store, config)
+    copies = _Copies(monkeypatch, state.cuda)
+    stage, params = _stage(plan, "AV", 1), _params(config, 1)
+    args = _args(stage)
+    got = _run_stage(state, model, stage, 0, params, args)
+    # one copy of all the layer's parameters (weight and bias), from pinned memory, not waited for
+    assert copies.calls == [{"kind": "to", "non_blocking": True, "pinned_src": True, "pinned_dst": False}]
+    assert state.cuda.compute.waited_for == ["copy"] and state.cuda.kept == ["compute"]
+    assert state.cuda.waits == []  # a stage without gradients or scalars never waits
+    a, b = host.intervals[0]
+    want = model.compute(stage.task, stage.layer, [host.rows(n)[a:b] for n in stage.reads], params, args)
+    _close(got.rows[0], want.rows[0])
+
+
+def test_gradients_and_loss_come_back_in_one_event_ordered_copy(store, monkeypatch, no_host_reads):
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _fake_cuda_state(store, config)
+    copies = _Copies(monkeypatch, state.cuda)
+    for task, layer in (("LOSS", 1), ("AV_BWD", 1)):
+        stage, params = _stage(plan, task, layer), _params(config, layer)
+        args = _args(stage)
+        before_waits, before_copies = len(state.cuda.waits), len(copies.calls)
+        got = _run_stage(state, model, stage, 0, params, args)
+        a, b = host.intervals[0]
+        want = model.compute(task, layer, [host.rows(n)[a:b] for n in stage.reads], params, args)
+        # one wait, on the copy stream's event (never a stream drain, never a scalar read)
+        assert state.cuda.waits[before_waits:] == ["copy"], task
+        downloads = [c for c in copies.calls[before_copies:] if c["kind"] == "copy_"]
+        n_out = len(want.grads or {}) + len(want.meta)
+        assert len(downloads) == n_out and all(c["non_blocking"] and c["pinned_dst"] for c in downloads), task
+        assert set(got.meta) == set(want.meta)
+        for key, value in want.meta.items():
+            assert type(got.meta[key]) is type(value) and got.meta[key] == pytest.approx(value, rel=1e-6), key
+        assert (got.grads is None) == (want.grads is None)
+        for name, grad in (want.grads or {}).items():
+            assert isinstance(got.grads[name], np.ndarray)
+            np.testing.assert_allclose(got.grads[name], grad, rtol=1e-5, atol=1e-6)
+    # the copy stream waited for events recorded on the compute stream behind the producers
+    assert state.cuda.copy_stream.waited_for == ["compute", "compute"]
+
+
+def test_ghost_rows_wait_for_their_snapshot_and_skip_empty_copies(store, monkeypatch):
+    config = TrainConfig(hidden=4)
+    plan, host, state = _fake_cuda_state(store, config)
+    copies = _Copies(monkeypatch, state.cuda)
+    name = sorted(plan.ghosted)[0]
+    peers = [1, 2]
+    sent = asyncio.run(state.rows_for_peers(name, peers))
+    want = asyncio.run(host.rows_for_peers(name, peers))
+    for peer in peers:
+        np.testing.assert_array_equal(sent[peer], want[peer])
+    assert state.cuda.copy_stream.waited_for == ["compute"] and state.cuda.waits == ["copy"]
+    assert all(c["non_blocking"] and c["pinned_dst"] for c in copies.calls) and len(copies.calls) == len(peers)
+    # nothing to send: no event, no copy, no wait
+    events, waits = len(state.cuda.events), len(state.cuda.waits)
+    empty = asyncio.run(state._to_host({1: torch.zeros(0, 4), 2: torch.zeros(0, 4)}))
+    assert {k: v.shape for k, v in empty.items()} == {1: (0, 4), 2: (0, 4)}
+    assert len(state.cuda.events) == events and len(state.cuda.waits) == waits
+    # received rows: pinned, copied on the copy stream; the compute stream waits for that copy only
+    state.cuda.compute.waited_for.clear()
+    owned_only = next(n for n in sorted(state.buffers) if n not in plan.ghosted)
+    rows = np.random.default_rng(0).standard_normal((len(host.part.send_rows(1)), state.buffers[owned_only].shape[1]))
+    state.add_peer_contribution(owned_only, 1, rows.astype(np.float32))
+    assert state.cuda.compute.waited_for == ["copy"]
+
+
+def test_every_thread_that_touches_cuda_sets_the_device_first(store):
+    """Stages run in worker threads and copies are awaited in others: each sets the state's
+    device before its first CUDA call (else it would open a context on GPU 0)."""
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _fake_cuda_state(store, config)
+    main = threading.get_ident()
+    stage, params = _stage(plan, "AV_BWD", 1), _params(config, 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(_run_stage, state, model, stage, 0, params, _args(stage)).result()
+        pool.submit(state.gather, model, _stage(plan, "GA", 0), 0, _args(_stage(plan, "GA", 0))).result()
+
+    async def exchange():  # the event loop's thread plus asyncio.to_thread's for the copy
+        name = sorted(plan.ghosted)[0]
+        await state.rows_for_peers(name, [1, 2])
+
+    asyncio.run(exchange())
+    assert len(state.cuda.used_by - {main}) >= 2  # a stage worker and a copy waiter, both bound
+    assert state.cuda.used_by <= state.cuda.bound
+
+
+def test_a_dropout_mask_is_hashed_once_per_epoch_layer_and_interval(store, monkeypatch):
+    """The forward's AV (H = dropout(act(Y0))) and the backward's AV_BWD (H again for dW, and
+    the mask for dL/dY0) read one mask; another epoch draws a new one."""
+    from dorylus.models import torch_ops
+
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _states(store, 0, config, "cpu")
+    hashed = []
+    keep_mask = torch_ops.keep_mask
+    monkeypatch.setattr(torch_ops, "keep_mask", lambda *a: hashed.append(a[0]) or keep_mask(*a))
+    forward, backward = _stage(plan, "AV", 1), _stage(plan, "AV_BWD", 1)
+    params = _params(config, 1)
+    for epoch in (4, 5):
+        for interval in range(len(state.intervals)):
+            for stage in (forward, backward):
+                args = {**_args(stage), "epoch": epoch}
+                got = _run_stage(state, model, stage, interval, params, args)
+                a, b = host.intervals[interval]
+                want = model.compute(stage.task, stage.layer, [host.rows(n)[a:b] for n in stage.reads], params, args)
+                for g, w in zip(got.rows, want.rows):
+                    _close(g, w)
+    assert hashed == [(1, 4, 1)] * len(state.intervals) + [(1, 5, 1)] * len(state.intervals)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "mean"])
+def test_the_transpose_is_built_on_the_device_as_the_host_builds_it(store, monkeypatch, kind):
+    import dorylus.models.graph as graph_module
+    from dorylus.models import kernels
+
+    config = TrainConfig(hidden=4)
+    for part_id in range(NUM_PARTS):
+        plan, host, state = _states(store, part_id, config, "cpu")
+        graph = state.graph
+        want = graph_module.CsrGraph.transpose(graph, kind)  # the host's (stable sort on the CPU)
+        with monkeypatch.context() as m:  # nothing sorted or coalesced on the host now
+            m.setattr(np, "argsort", lambda *a, **k: pytest.fail("host argsort"))
+            m.setattr(graph_module.CsrGraph, "transposed_pattern", lambda *a, **k: pytest.fail("host transpose"),
+                      raising=False)
+            m.setattr(kernels, "transpose_csr", lambda *a, **k: pytest.fail("host transpose"))
+            m.setattr(torch.Tensor, "coalesce", lambda *a, **k: pytest.fail("COO coalesce"))
+            got = graph.transpose(kind)
+        assert got.layout == torch.sparse_csr and got.shape == want.shape
+        np.testing.assert_array_equal(got.crow_indices().numpy(), want.crow_indices().numpy())
+        np.testing.assert_array_equal(got.col_indices().numpy(), want.col_indices().numpy())
+        np.testing.assert_array_equal(got.values().numpy(), want.values().numpy())
+        assert graph.transpose(kind) is got  # made once
+
+
+@pytest.fixture
+def restore_tf32():
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    yield
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def test_tf32_is_set_through_the_fp32_precision_api(restore_tf32):
+    from graphserver.backends.gpu import set_tf32
+
+    set_tf32(True)
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("tf32", "tf32")
+    set_tf32(False)
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("ieee", "ieee")
+
+
+def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
+    """cuda:1 on a machine faked to have two 80 GiB GPUs: the device is made current before
+    anything else, TF32 goes through fp32_precision, and the budget is 1/parts less a context."""
+    from graphserver.backends.gpu import CONTEXT_RESERVE_BYTES
+
+    calls = []
+    total = 80 * 2**30
+    monkeypatch.setattr(TrainConfig, "check_device", lambda self: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", torch.device(d))))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: calls.append(("properties",)) or type("P", (), {"name": "Fake", "total_memory": total}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append(("budget", f, i)))
+    device = open_device(TrainConfig(backend="gpu", device="cuda:1"), parts=4)
+    assert device == torch.device("cuda", 1)
+    assert calls[0] == ("set_device", torch.device("cuda", 1))
+    assert calls[-1] == ("budget", pytest.approx(0.25 - CONTEXT_RESERVE_BYTES / total), 1)
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert "TF32 off, memory budget 0.244 of 80.0 GiB (1/4 less 512 MiB for the CUDA context)" in capsys.readouterr().out
+    calls.clear()
+    open_device(TrainConfig(backend="gpu", device="cuda:1", allow_tf32=True, gpu_memory_fraction=0.5), parts=4)
+    assert calls[-1] == ("budget", 0.5, 1) and torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def test_the_default_budget_leaves_room_for_every_context():
+    from graphserver.backends.gpu import CONTEXT_RESERVE_BYTES, memory_fraction
+
+    total = 16 * 2**30
+    for parts in (1, 2, 4, 8):
+        fraction = memory_fraction(None, parts, total)
+        assert parts * (fraction * total + CONTEXT_RESERVE_BYTES) == pytest.approx(total)
+    assert memory_fraction(0.3, 4, total) == 0.3
+    with pytest.raises(ConfigError, match="cannot share a device"):
+        memory_fraction(None, 40, 16 * 2**30)
