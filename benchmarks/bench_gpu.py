@@ -1,6 +1,11 @@
 """The gpu backend against PyTorch Geometric on the same device: epoch time and peak memory.
 
-Three measurements of a 2-layer GCN (``--hidden``, dropout 0.5, Adam) on one dataset:
+A check and three measurements of a 2-layer GCN (``--hidden``, dropout 0.5, Adam) on one dataset:
+
+* ``sync equals the reference``: the first ``--reference-epochs`` epochs of the ``gpu 1 part``
+  run (sync, TF32 off) against the single-process reference trainer on the CPU (the oracle):
+  the loss of every epoch to 1e-5 relative, as tests/distributed/test_sync_exactness.py asks;
+  printed and recorded with the largest relative difference (``--reference-epochs 0`` skips it);
 
 * ``gpu 1 part``: ``dorylus train --backend gpu --parts 1 --intervals 1 --mode sync`` on
   ``--device``: one graph server holds the whole graph on the device and runs Gather, Scatter and
@@ -8,7 +13,10 @@ Three measurements of a 2-layer GCN (``--hidden``, dropout 0.5, Adam) on one dat
 * ``PyG GCNConv``: ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``, dense features, in
   this process on the same device (the fastest PyG setup the issue measured).
 * ``gpu N parts``: ``--parts N`` (default 4) graph servers sharing the one device, each under
-  the default memory budget (1/N of the device).
+  the default memory budget (1/N of the device less a CUDA context each).
+
+The graph servers are processes of their own; PyG runs in this process, last, so that its CUDA
+context and cached blocks are not held on the device while the graph servers run.
 
 What an epoch is. For both: forward with dropout, loss, backward, optimizer step; no evaluation
 pass (the distributed runs evaluate only in their last epoch, which is not timed). Dorylus's
@@ -18,7 +26,8 @@ the parameter server); PyG's is the step's wall time with the device synchronize
 
 Peak memory. CUDA only: PyG's is ``torch.cuda.max_memory_allocated`` in this process; the graph
 servers print theirs (allocated and reserved by torch's caching allocator) into their logs when
-they stop. On ``--device cpu`` no memory is reported.
+they stop. On ``--device cpu`` no memory is reported. Without torch_geometric the PyG row is
+left out (said so), the rest still runs.
 
     python benchmarks/bench_gpu.py                                   # synthetic-reddit on cuda
     python benchmarks/bench_gpu.py --device cpu --dataset synthetic-small --epochs 5 --warmup 1
@@ -51,6 +60,7 @@ from dorylus.errors import DorylusError
 from dorylus.normalize import gcn_normalize, row_normalize
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
+from graphserver.backends.gpu import set_tf32
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -65,17 +75,39 @@ def time_dorylus(dataset, base: TrainConfig, parts: int, workdir: Path, warmup: 
     total_s = time.monotonic() - start
     epochs = [m["epoch_s"] for m in read_metrics(run_dir)][warmup:-1]  # the last epoch also evaluates
     peaks = [PEAK.search((run_dir / "logs" / f"graphserver-{i}.log").read_text()) for i in range(parts)]
-    return {"what": f"gpu {parts} part{'s' if parts > 1 else ''}", "parts": parts,
+    return {"what": f"gpu {parts} part{'s' if parts > 1 else ''}", "parts": parts, "run_dir": str(run_dir),
             "epoch_s_median": statistics.median(epochs), "epoch_s": epochs,
             "overhead_s": total_s - sum(m["epoch_s"] for m in read_metrics(run_dir)),
             "peak_allocated_bytes": [int(p.group(1)) for p in peaks if p] or None,
             "peak_reserved_bytes": [int(p.group(2)) for p in peaks if p] or None}
 
 
-def time_pyg(dataset, config: TrainConfig, device: torch.device, warmup: int, epochs: int) -> dict[str, Any]:
-    from torch_geometric.nn import GCNConv
-    from torch_geometric.utils import to_torch_csr_tensor
+def check_reference(dataset, base: TrainConfig, gpu_run: Path, workdir: Path, epochs: int) -> dict[str, Any]:
+    """The first ``epochs`` epochs of the gpu run's loss against the single-process reference
+    (same config and seed, on the CPU): equal when every epoch is within 1e-5 relative."""
+    run_dir = workdir / "reference"
+    config = TrainConfig(**{**base.to_dict(), "backend": "reference", "device": "cpu", "parts": 1, "epochs": epochs,
+                            "eval_every": epochs, "run_dir": str(run_dir)})
+    run_training(config, dataset, progress=io.StringIO())
+    reference = read_metrics(run_dir)
+    got = read_metrics(gpu_run)[:epochs]
+    worst = max(abs(g["loss"] - r["loss"]) / abs(r["loss"]) for g, r in zip(got, reference))
+    equal = len(got) == len(reference) == epochs and all(g["epoch"] == r["epoch"] for g, r in zip(got, reference)) \
+        and worst <= 1e-5
+    return {"epochs": epochs, "equal": bool(equal), "max_rel_loss_diff": worst,
+            "loss_reference": [r["loss"] for r in reference], "loss_gpu": [g["loss"] for g in got]}
 
+
+def time_pyg(dataset, config: TrainConfig, device: torch.device, warmup: int, epochs: int) -> dict[str, Any]:
+    try:
+        from torch_geometric.nn import GCNConv
+        from torch_geometric.utils import to_torch_csr_tensor
+    except ImportError as exc:
+        print(f"  PyG GCNConv: skipped, torch_geometric is not installed ({exc})", flush=True)
+        return None
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # only now: this process's context is not held while the servers run
     adj = gcn_normalize(dataset.src, dataset.dst, dataset.num_nodes, symmetrize=not dataset.directed)
     rows, cols = adj.rows(), adj.indices
     off_diagonal = rows != cols  # GCNConv adds the self loops itself
@@ -129,13 +161,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                         help="graph servers sharing the device in the last measurement (default: 4)")
     parser.add_argument("--epochs", type=positive_int, default=20, help="timed epochs (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="epochs run first and dropped (default: 3)")
-    parser.add_argument("--allow-tf32", action="store_true", help="let both sides use TF32 (default: off)")
+    parser.add_argument("--allow-tf32", action="store_true",
+                        help="let both sides use TF32 (default: off; the reference check then fails by design)")
+    parser.add_argument("--reference-epochs", type=int, default=5,
+                        help="epochs of the 1-part run checked against the single-process reference on the CPU "
+                             "(default: 5; 0 skips the check)")
     parser.add_argument("--workdir", default=None, help="parent of the temp run dirs (default: system temp dir)")
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON result path (default: benchmarks/results/gpu-<dataset>-<device type>.json)")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if not 0 <= args.reference_epochs <= args.warmup + args.epochs:
+        parser.error(f"--reference-epochs must be in [0, warmup + epochs = {args.warmup + args.epochs}], "
+                     f"got {args.reference_epochs}")
     base = TrainConfig(dataset=args.dataset, backend="gpu", device=args.device, allow_tf32=args.allow_tf32,
                        intervals=1, mode="sync", hidden=args.hidden, epochs=args.warmup + args.epochs + 1,
                        eval_every=args.warmup + args.epochs + 1)
@@ -145,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(f"bench_gpu: skipped, nothing measured: {exc}")
         return None
     device = torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.allow_tf32
+    set_tf32(args.allow_tf32)  # torch's fp32_precision API, as the graph servers set it
     name = Path(args.dataset).stem
     output = args.output or RESULTS / f"gpu-{name}-{device.type}.json"
     load_before = os.getloadavg()
@@ -157,24 +196,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     print(f"  {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, "
           f"{dataset.num_features} features, {dataset.num_classes} classes", flush=True)
 
-    rows = []
+    rows, reference = [], None
     with tempfile.TemporaryDirectory(prefix="bench-gpu-", dir=args.workdir) as workdir:
-        for measure in (lambda: time_dorylus(dataset, base, 1, Path(workdir), args.warmup),
-                        lambda: time_pyg(dataset, base, device, args.warmup, args.epochs),
-                        lambda: time_dorylus(dataset, base, args.shared_parts, Path(workdir), args.warmup)):
-            row = measure()
-            rows.append(row)
-            print(f"  {row['what']}: {row['epoch_s_median'] * 1000:.1f} ms/epoch (median)", flush=True)
+        one = time_dorylus(dataset, base, 1, Path(workdir), args.warmup)
+        print(f"  {one['what']}: {one['epoch_s_median'] * 1000:.1f} ms/epoch (median)", flush=True)
+        if args.reference_epochs:
+            reference = check_reference(dataset, base, Path(one["run_dir"]), Path(workdir), args.reference_epochs)
+            print(f"  sync {'equals' if reference['equal'] else 'DIFFERS FROM'} the reference over "
+                  f"{reference['epochs']} epochs (largest relative loss difference "
+                  f"{reference['max_rel_loss_diff']:.2e})", flush=True)
+        shared = time_dorylus(dataset, base, args.shared_parts, Path(workdir), args.warmup)
+        print(f"  {shared['what']}: {shared['epoch_s_median'] * 1000:.1f} ms/epoch (median)", flush=True)
+        # PyG last, in this process: its context and cached blocks never sit beside the graph servers
+        pyg = time_pyg(dataset, base, device, args.warmup, args.epochs)
+        if pyg is not None:
+            print(f"  {pyg['what']}: {pyg['epoch_s_median'] * 1000:.1f} ms/epoch (median)", flush=True)
+        rows = [row for row in (one, pyg, shared) if row is not None]
     load_after = os.getloadavg()
-    pyg = rows[1]["epoch_s_median"]
+    pyg_s = pyg["epoch_s_median"] if pyg is not None else None
 
     print()
     print(f"{dataset.name} on {args.device} ({gpu_name}); median of {args.epochs} epochs after {args.warmup} warm-up; "
           "no evaluation pass in the timed epochs.")
     print(f"{'what':<36} {'ms/epoch':>10} {'vs PyG':>8} {'peak allocated GiB':>22} {'peak reserved GiB':>22}")
     for row in rows:
-        print(f"{row['what']:<36} {row['epoch_s_median'] * 1000:>10.1f} {row['epoch_s_median'] / pyg:>7.2f}x "
+        ratio = f"{row['epoch_s_median'] / pyg_s:>7.2f}x" if pyg_s else f"{'-':>8}"
+        print(f"{row['what']:<36} {row['epoch_s_median'] * 1000:>10.1f} {ratio} "
               f"{_gib(row['peak_allocated_bytes']):>22} {_gib(row['peak_reserved_bytes']):>22}")
+    if reference is not None:
+        print(f"sync vs the single-process reference, {reference['epochs']} epochs: "
+              f"{'equal' if reference['equal'] else 'NOT equal'} (largest relative loss difference "
+              f"{reference['max_rel_loss_diff']:.2e}, bound 1e-5)")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} cpus)")
 
     result = {
@@ -184,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "warmup_epochs": args.warmup, "timed_epochs": args.epochs,
         "timed": "training step (dropout forward, loss, backward, Adam) per epoch, no evaluation pass; Dorylus: "
                  "coordinator wall time per epoch; PyG: synchronized wall time of the step",
-        "config": base.to_dict(), "rows": rows,
+        "config": base.to_dict(), "rows": rows, "reference_check": reference,
         "machine": machine_info(load_before, load_after),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -95,10 +95,12 @@ class TrainConfig:
                        "machines without a GPU and for tests)")
     allow_tf32: bool = _opt(False, "gpu backend: let CUDA matrix products use TF32 (faster on Ampere and later, "
                             "about 1e-3 relative error: sync mode then no longer equals the reference to 1e-5)")
-    gpu_memory_fraction: float | None = _opt(None, "gpu backend on CUDA: the share of the device's memory each "
-                                             "graph server may take (torch.cuda.set_per_process_memory_fraction), "
-                                             "so that several share one GPU; default 1 / parts (a local run puts "
-                                             "every graph server on the one --device; set 1 when each has its own)")
+    gpu_memory_fraction: float | None = _opt(None, "gpu backend on CUDA: the share of the device's memory, in (0, 1], "
+                                             "that each graph server's tensors may take (torch's caching allocator, "
+                                             "torch.cuda.set_per_process_memory_fraction), so that several share one "
+                                             "GPU; default 1 / parts less 512 MiB of the device for each process's "
+                                             "CUDA context, which lives outside that budget (a local run puts every "
+                                             "graph server on the one --device; set about 0.95 when each has its own)")
     mode: str = _opt("sync", "scheduler: 'sync' = barrier after every task stage and Scatter; 'pipe' = intervals "
                      "pipelined, Scatter still a barrier (both exact, equal the reference); 'async' = no Scatter "
                      "barrier, bounded by --staleness", ("sync", "pipe", "async"))

@@ -1,6 +1,7 @@
 """The gpu backend on a CUDA device (skipped without CUDA; the torch-CPU-device cases are in
 test_sync_exactness.py): sync equals the single-process reference per epoch with TF32 off, and
-four graph servers share one device, each within its memory budget (1/4 by default)."""
+four graph servers share one device, each within its memory budget (by default 1/4 of the device
+less a CUDA context, graphserver.backends.gpu.memory_fraction)."""
 
 from __future__ import annotations
 
@@ -29,4 +30,5 @@ def test_four_graph_servers_share_one_cuda_device(tmp_path, tmp_path_factory, re
     assert_matches_reference(reference, got, dataset)
     for i in range(4):
         log = (tmp_path / "gpu" / "logs" / f"graphserver-{i}.log").read_text()
-        assert "TF32 off, memory budget 0.25 of" in log, log
+        assert "TF32 off, memory budget" in log and "(1/4 less 512 MiB for the CUDA context)" in log, log
+        assert "gpu backend: peak memory allocated" in log, log

@@ -162,17 +162,20 @@ def test_unknown_device_is_a_config_error(device):
 
 
 @CUDA
-@pytest.mark.parametrize("fraction, parts, expected", [(None, 4, 0.25), (None, 1, 1.0), (0.5, 4, 0.5)])
-def test_open_device_sets_the_memory_budget_and_tf32(monkeypatch, fraction, parts, expected):
+@pytest.mark.parametrize("fraction, parts", [(None, 4), (None, 1), (0.5, 4)])
+def test_open_device_sets_the_memory_budget_and_tf32(monkeypatch, restore_tf32, fraction, parts):
+    from graphserver.backends.gpu import memory_fraction
+
     budgets = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: budgets.append((f, index)))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
     device = open_device(TrainConfig(backend="gpu", device="cuda", gpu_memory_fraction=fraction), parts=parts)
-    assert device.type == "cuda" and device.index is not None
-    assert budgets == [(expected, device.index)]
-    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+    assert device.type == "cuda" and device.index is not None and torch.cuda.current_device() == device.index
+    total = torch.cuda.get_device_properties(device).total_memory
+    assert budgets == [(memory_fraction(fraction, parts, total), device.index)]
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee" and torch.backends.cudnn.conv.fp32_precision == "ieee"
     open_device(TrainConfig(backend="gpu", device="cuda", allow_tf32=True), parts=parts)
-    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,3 +512,41 @@ def test_the_default_budget_leaves_room_for_every_context():
     assert memory_fraction(0.3, 4, total) == 0.3
     with pytest.raises(ConfigError, match="cannot share a device"):
         memory_fraction(None, 40, 16 * 2**30)
+
+
+@CUDA
+def test_no_stage_synchronizes_the_device_implicitly(store):
+    """On CUDA, torch's sync debug mode raises on every implicit synchronization (.item(),
+    nonzero, a pageable copy): a whole training pass's vertex stages of one interval run under it;
+    the one explicit wait per stage with gradients or scalars is an event's."""
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _states(store, 0, config, "cuda")
+    stages = [s for s in plan.train if s.kind not in (GATHER, GATHER_BACKWARD)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for stage in stages:
+            params = _params(config, stage.layer) if stage.weights else None
+            result = _run_stage(state, model, stage, 0, params, _args(stage))
+            for name, values in zip(stage.writes, result.rows):
+                state.write(name, 0, values)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_worker_threads_compute_on_the_configured_device(store):
+    """cuda:1: a stage run in a fresh thread leaves that thread on device 1 (it would have opened
+    a context on device 0 otherwise)."""
+    config = TrainConfig(hidden=4)
+    model = get_model("gcn")
+    plan, host, state = _states(store, 0, config, "cuda:1")
+    stage = _stage(plan, "AV_BWD", 1)
+
+    def run():
+        _run_stage(state, model, stage, 0, _params(config, 1), _args(stage))
+        return torch.cuda.current_device()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(run).result() == 1
