@@ -167,6 +167,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in store.meta.to_dict().items() if k not in ("files", "parts")}, indent=2))
     stats = partition_stats(store)
     print(format_stats(stats))
+    from graphserver.state import format_memory, memory_figures
+
+    for i in range(store.num_parts):  # what a graph server holds before the model's row buffers
+        print(f"part {i} graph-server state: {format_memory(memory_figures(store.load_part(i)))}")
     if args.model:
         print(_model_traffic(args, store.meta, stats))
     return 0

@@ -35,6 +35,48 @@ def split_intervals(num_rows: int, count: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray] | None = None) -> dict:
+    """What a graph server holds for ``part``, per structure: bytes, bytes per stored entry
+    (``nnz``: in-edges with self loops) and bytes per owned vertex.
+
+    Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm``, ``transpose``
+    (the int32 pattern of ``S^T`` the backward Gather reads, with its int64 row pointers),
+    ``global_ids``, ``features`` (``features``, default the part's), ``labels_masks``,
+    ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
+    ``ghost_rows`` is the part of them that holds ghost rows). No per-entry float exists.
+    """
+    nnz, n_owned, n_local = part.nnz, part.n_owned, part.n_local
+    x = part.features if features is None else features
+    sizes = {
+        "indices": part.indices.nbytes,
+        "indptr": part.indptr.nbytes,
+        "norm": part.norm.nbytes,
+        "transpose": nnz * part.indices.itemsize + (n_local + 1) * 8,
+        "global_ids": n_local * 8,
+        "features": x.nbytes,
+        "labels_masks": part.labels.nbytes + sum(getattr(part, m).nbytes for m in ("train_mask", "val_mask", "test_mask")),
+        "exchange": part.ghosts.nbytes + part.send_indices.nbytes + part.ghost_offsets.nbytes + part.send_offsets.nbytes,
+    }
+    if buffers is not None:
+        sizes["buffers"] = sum(b.nbytes for b in buffers.values())
+        sizes["ghost_rows"] = sum(b.nbytes // b.shape[0] * (b.shape[0] - n_owned) for b in buffers.values()
+                                  if b.shape[0] > n_owned)
+    total = sum(v for k, v in sizes.items() if k != "ghost_rows")
+    return {"nnz": nnz, "n_owned": n_owned, "n_local": n_local, "bytes": sizes, "total_bytes": total,
+            "per_edge": {k: v / max(nnz, 1) for k, v in sizes.items()},
+            "per_vertex": {k: v / max(n_owned, 1) for k, v in sizes.items()},
+            "total_per_edge": total / max(nnz, 1), "total_per_vertex": total / max(n_owned, 1)}
+
+
+def format_memory(figures: dict) -> str:
+    """One line: total bytes per entry, then each structure's bytes per entry / per owned vertex."""
+    parts = ", ".join(f"{k} {figures['per_edge'][k]:.2f}/{figures['per_vertex'][k]:.1f}"
+                      for k in figures["bytes"])
+    return (f"{figures['total_bytes'] / 2**20:.1f} MiB, {figures['total_per_edge']:.2f} B per entry "
+            f"({figures['nnz']:,} entries, {figures['n_owned']:,} owned, {figures['n_local']:,} local; "
+            f"B per entry/per owned vertex: {parts})")
+
+
 class PartitionState:
     def __init__(self, part: Partition, plan: Plan, *, row_normalize_features: bool, num_intervals: int,
                  sparse_features: str = "auto"):
@@ -58,6 +100,8 @@ class PartitionState:
         used = {name for stage in (*plan.train, *plan.evaluate) for name in (*stage.reads, *stage.writes)}
         self.buffers = {name: np.zeros((n_local if name in plan.ghosted else n_owned, plan.widths[name]), np.float32)
                         for name in sorted(used - set(STATIC))}
+        self.memory = memory_figures(part, self.static["X"], self.buffers)
+        print(f"part {part.part_id} state: {format_memory(self.memory)}", flush=True)  # once, into the server's log
 
     @property
     def n_owned(self) -> int:

@@ -20,8 +20,9 @@ memory-mapped from the store), ``indptr`` and the scales (per vertex), and for t
 pass the transposed pattern (4 bytes per entry, int32), none when the pattern is symmetric
 (``symmetric=True``: the whole undirected graph). :meth:`memory` says what each costs.
 
-:meth:`aggregate` and :meth:`aggregate_transpose` run on the host with torch's multi-threaded
-CSR kernel over int32 indices and stride-0 unit values (no per-entry array). :meth:`matrix` and
+:meth:`aggregate` and :meth:`aggregate_transpose` run on the host with
+:func:`dorylus.models.kernels.gather` (every core, the scales applied in the kernel, no
+per-entry array), the transpose from :func:`~dorylus.models.kernels.transpose_csr`. :meth:`matrix` and
 :meth:`transpose` build torch CSR matrices with the entries as values on the graph's ``device``
 (the ``gpu`` backend's twins): 4 bytes per entry more there. GAT's per-edge arrays
 (:meth:`edges`, :meth:`source_order`) are made only when asked. Not part of the Lambda bundle.
@@ -35,21 +36,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dorylus.models import kernels
+
 KINDS = ("gcn", "mean")
 
 
-def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray | torch.Tensor,
-               shape: tuple[int, int]) -> torch.Tensor:
+def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
     """A ``shape`` torch CSR on the CPU over (views of) the numpy arrays; ``indptr`` takes the
-    dtype of ``indices`` (torch wants both alike). ``values`` may be a tensor (e.g. stride-0 ones)."""
+    dtype of ``indices`` (torch wants both alike)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         # The arrays may be read-only memory maps of the partition store; the matrix is never written.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if not isinstance(values, torch.Tensor):
-            values = torch.from_numpy(np.ascontiguousarray(values))
         return torch.sparse_csr_tensor(torch.from_numpy(np.ascontiguousarray(indptr, dtype=indices.dtype)),
-                                       torch.from_numpy(np.ascontiguousarray(indices)), values, size=shape,
+                                       torch.from_numpy(np.ascontiguousarray(indices)),
+                                       torch.from_numpy(np.ascontiguousarray(values)), size=shape,
                                        check_invariants=False)
 
 
@@ -58,22 +59,6 @@ def csr_of_tensors(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=False)
-
-
-def transpose_pattern(indptr: np.ndarray, indices: np.ndarray, num_cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(indptr_T int64 [num_cols + 1], indices_T [nnz])``: the pattern of ``S^T``, rows
-    ascending within each of its rows, ``indices_T`` in ``indices``' dtype. A stable sort by
-    column: 12 bytes per entry of temporaries while it runs."""
-    indptr_t = np.zeros(num_cols + 1, dtype=np.int64)
-    np.cumsum(np.bincount(indices, minlength=num_cols), out=indptr_t[1:])
-    order = np.argsort(indices, kind="stable")
-    rows = np.repeat(np.arange(len(indptr) - 1, dtype=indices.dtype), np.diff(indptr))
-    return indptr_t, rows[order]
-
-
-def _ones(nnz: int) -> torch.Tensor:
-    """``nnz`` unit values in no memory (stride 0): torch's CSR kernel reads values by stride."""
-    return torch.ones(1).expand(nnz)
 
 
 @dataclass(frozen=True)
@@ -124,7 +109,7 @@ class CsrGraph:
         self.symmetric = bool(symmetric)
         self._inv_degree: np.ndarray | None = None
         self._transposed: tuple[np.ndarray, np.ndarray] | None = None
-        self._blocks: dict[tuple, torch.Tensor] = {}
+        self._blocks: dict[tuple, np.ndarray] = {}
         self._values: dict[str, np.ndarray] = {}
         self._matrices: dict[tuple, torch.Tensor] = {}
         self._edges: dict[tuple[int, int], Edges] = {}
@@ -146,31 +131,25 @@ class CsrGraph:
             self._inv_degree = inv.astype(np.float32)
         return self._inv_degree
 
-    def _block(self, a: int, b: int) -> torch.Tensor:
-        """Rows ``[a, b)`` of ``S`` as a torch CSR with unit values; the rows' ``indptr`` is the
-        only copy (int32 when the indices are)."""
+    def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``[a, b)`` of ``S``: their ``indptr`` from 0 (the only copy, made once per
+        interval) and a view of ``indices``."""
         key = ("S", a, b)
         if key not in self._blocks:
-            lo, hi = int(self.indptr[a]), int(self.indptr[b])
-            self._blocks[key] = csr_tensor(self.indptr[a:b + 1] - lo, self.indices[lo:hi], _ones(hi - lo),
-                                           (b - a, self.num_cols))
-        return self._blocks[key]
+            self._blocks[key] = self.indptr[a:b + 1] - self.indptr[a]
+        lo, hi = int(self.indptr[a]), int(self.indptr[b])
+        return self._blocks[key], self.indices[lo:hi]
 
     def transposed_pattern(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(indptr_T, indices_T)`` of ``S^T`` (``[num_cols, num_rows]``), made once; ``S``'s
-        own arrays when it is symmetric."""
+        """``(indptr_T int64 [num_cols + 1], indices_T [nnz])`` of ``S^T`` (``[num_cols,
+        num_rows]``, rows ascending in each of its rows; int32 indices), made once by a
+        counting sort; ``S``'s own arrays when it is symmetric."""
         if self.symmetric:
             return self.indptr, self.indices
         if self._transposed is None:
-            self._transposed = transpose_pattern(self.indptr, self.indices, self.num_cols)
+            indptr_t, indices_t, _ = kernels.transpose_csr(self.indptr, self.indices, self.num_cols)
+            self._transposed = (indptr_t, indices_t)
         return self._transposed
-
-    def _transpose_block(self) -> torch.Tensor:
-        if ("ST",) not in self._blocks:
-            indptr_t, indices_t = self.transposed_pattern()
-            self._blocks[("ST",)] = csr_tensor(indptr_t, indices_t, _ones(len(indices_t)),
-                                               (self.num_cols, self.num_rows))
-        return self._blocks[("ST",)]
 
     def aggregate(self, kind: str, x: np.ndarray, rows: tuple[int, int] | None = None) -> np.ndarray:
         """``M[rows, :] · x`` for ``x`` ``float32 [num_cols, width]``: ``float32 [rows, width]``.
@@ -178,34 +157,31 @@ class CsrGraph:
         gcn: ``row_norm[rows] * (S[rows] · (col_norm * x))``; mean:
         ``inv_degree[rows] * (S[rows] · x - x[rows])``."""
         a, b = rows if rows is not None else (0, self.num_rows)
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        indptr, indices = self._rows(a, b)
         if kind == "gcn":
-            out = spmm(self._block(a, b), x * self.col_norm[:, None])
-            out *= self.row_norm[a:b, None]
-        elif kind == "mean":
-            out = spmm(self._block(a, b), x)
+            return kernels.gather(indptr, indices, x, row_scale=self.row_norm[a:b], col_scale=self.col_norm)
+        if kind == "mean":
+            out = kernels.gather(indptr, indices, x)
             out -= x[a:b]
             out *= self.inv_degree()[a:b, None]
-        else:
-            raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
-        return out
+            return out
+        raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
 
     def aggregate_transpose(self, kind: str, grad: np.ndarray) -> np.ndarray:
         """``M^T · grad`` for ``grad`` ``float32 [num_rows, width]``: ``float32 [num_cols, width]``.
 
         gcn: ``col_norm * (S^T · (row_norm * grad))``; mean: ``S^T · g - [g; 0]`` with
         ``g = inv_degree * grad``."""
-        grad = np.ascontiguousarray(grad, dtype=np.float32)
+        indptr_t, indices_t = self.transposed_pattern()
         if kind == "gcn":
-            out = spmm(self._transpose_block(), grad * self.row_norm[:, None])
-            out *= self.col_norm[:, None]
-        elif kind == "mean":
-            g = grad * self.inv_degree()[:, None]
-            out = spmm(self._transpose_block(), g)
+            return kernels.gather_transpose(indptr_t, indices_t, grad, row_scale=self.row_norm,
+                                            col_scale=self.col_norm)
+        if kind == "mean":
+            g = np.asarray(grad, dtype=np.float32) * self.inv_degree()[:, None]
+            out = kernels.gather(indptr_t, indices_t, g)
             out[:self.num_rows] -= g
-        else:
-            raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
-        return out
+            return out
+        raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
 
     # ------------------------------------------------------------------ torch matrices with values (devices)
 
@@ -291,10 +267,10 @@ class CsrGraph:
     def memory(self) -> dict[str, int]:
         """Bytes held per structure now (made-on-demand ones once made): ``indices`` and
         ``indptr`` (the store's, memory-mapped when loaded so), ``norms``, ``transpose``
-        (``S^T``'s pattern; 0 when symmetric), ``block_indptr`` (the torch blocks' row
-        pointers), ``values`` (per-entry values of the device matrices), ``edges`` (GAT)."""
+        (``S^T``'s pattern; 0 when symmetric), ``block_indptr`` (the intervals' row pointers),
+        ``values`` (per-entry values of the device matrices), ``edges`` (GAT)."""
         transpose = 0 if self.symmetric or self._transposed is None else sum(a.nbytes for a in self._transposed)
-        blocks = sum(m.crow_indices().numel() * m.crow_indices().element_size() for m in self._blocks.values())
+        blocks = sum(a.nbytes for a in self._blocks.values())
         matrices = sum(m.values().numel() * 4 + m.crow_indices().numel() * m.crow_indices().element_size()
                        for m in self._matrices.values())
         edges = sum(e.dst.nbytes + e.src.nbytes + e.dst_ids.nbytes + e.src_ids.nbytes for e in self._edges.values())

@@ -465,18 +465,22 @@ def _install(tmp: Path, out: Path, overwrite: bool) -> None:
 
 def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str) -> np.ndarray:
     """``int64 [n]``: a numbering of the ``n`` rows of a graph's CSR (``indices`` in ``[0, n)``,
-    no self loops) such that neighbours get near numbers: ``order[k]`` is the vertex numbered
-    ``k``. ``method``: ``rcm`` (reverse Cuthill-McKee), ``bfs`` or ``none`` (identity).
+    no self loops, read as undirected) such that neighbours get near numbers: ``order[k]`` is
+    the vertex numbered ``k``.
 
-    Breadth-first, level by level (a few numpy passes per level, so ``O(diameter)`` steps per
-    component): each component from a least-degree vertex; a level's vertices in the order of
-    their first parent, ties by degree (``rcm``) or id (``bfs``). Rows without neighbours come
-    last. ``rcm`` reverses the whole Cuthill-McKee order.
+    ``rcm``: reverse Cuthill-McKee (:func:`dorylus.models.kernels.locality_order`). ``bfs``:
+    breadth-first, level by level (a few numpy passes per level), each component from a
+    least-degree vertex, a level's vertices in the order of their first parent, then by id;
+    rows without neighbours last. ``none``: the identity.
     """
     n = int(indptr.shape[0] - 1)
-    if method == "none":
+    if method == "none" or n == 0:
         return np.arange(n, dtype=np.int64)
-    if method not in VERTEX_ORDERS:
+    if method == "rcm":
+        from dorylus.models import kernels
+
+        return kernels.locality_order(indptr, indices)
+    if method != "bfs":
         raise ConfigError(f"vertex_order must be one of {', '.join(VERTEX_ORDERS)}, got {method!r}")
     degree = np.diff(indptr)
     visited = degree == 0  # isolated rows are placed last, in id order
@@ -493,15 +497,13 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str) -> np.n
         order[filled] = frontier[0]
         filled += 1
         while frontier.size:
-            starts, counts = indptr[frontier], degree[frontier]
-            total = int(counts.sum())
-            offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
-            neighbours = indices[offsets + np.arange(total, dtype=np.int64)].astype(np.int64)
+            counts = degree[frontier]
+            offsets = np.repeat(indptr[frontier] - (np.cumsum(counts) - counts), counts)
+            neighbours = indices[offsets + np.arange(int(counts.sum()), dtype=np.int64)].astype(np.int64)
             parent = np.repeat(np.arange(frontier.size, dtype=np.int64), counts)
             fresh = ~visited[neighbours]
             neighbours, parent = neighbours[fresh], parent[fresh]
-            keys = (parent, degree[neighbours], neighbours) if method == "rcm" else (parent, neighbours)
-            neighbours = neighbours[np.lexsort(keys[::-1])]
+            neighbours = neighbours[np.lexsort((neighbours, parent))]
             # each vertex at its first occurrence (its first parent's place)
             by_id = np.argsort(neighbours, kind="stable")
             first = np.ones(by_id.size, dtype=bool)
@@ -510,8 +512,6 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str) -> np.n
             visited[frontier] = True
             order[filled:filled + frontier.size] = frontier
             filled += frontier.size
-    if method == "rcm":
-        order[:filled] = order[:filled][::-1].copy()
     order[filled:] = np.flatnonzero(degree == 0)
     return order
 

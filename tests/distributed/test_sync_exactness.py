@@ -120,3 +120,20 @@ def test_cora_lambda_two_parts_reaches_reference_accuracy(tmp_path, cora):
     distributed = run_training(lam, cora, progress=io.StringIO())
     assert abs(distributed["final_test_acc"] - reference["final_test_acc"]) * 1000 <= 1
     assert distributed["final_test_acc"] >= 0.8
+
+
+@pytest.mark.timeout(600)
+def test_vertex_order_does_not_change_training(tmp_path, cora):
+    """The same parts numbered by reverse Cuthill-McKee and by global id train alike per epoch
+    (only float32 summation order differs): results are keyed by global id, never local order."""
+    from dorylus.partition import assign_parts, write_store
+
+    parts = assign_parts(cora.num_nodes, cora.src, cora.dst, 2, "metis")
+    runs = {}
+    for order in ("rcm", "none"):
+        write_store(cora, parts, tmp_path / order, method="metis", seed=0, vertex_order=order)
+        config = TrainConfig(dataset="cora", backend="cpu", mode="sync", epochs=DEFAULT_EPOCHS, intervals=2,
+                             partitions=str(tmp_path / order), run_dir=str(tmp_path / f"run-{order}"))
+        run_training(config, None, progress=io.StringIO())
+        runs[order] = read_metrics(tmp_path / f"run-{order}")
+    assert_matches_reference(runs["none"], runs["rcm"], cora, DEFAULT_EPOCHS)

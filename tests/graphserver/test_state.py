@@ -138,7 +138,7 @@ def test_local_adjacency_is_the_global_rows(store, dense_adjacency):
         np.testing.assert_allclose(local.sum(axis=1), dense_adjacency[part.owned].sum(axis=1), rtol=1e-6)
         from_store = np.zeros((part.n_owned, part.n_local))
         rows = np.repeat(np.arange(part.n_owned), np.diff(part.indptr))
-        from_store[rows, part.indices] = part.weights
+        from_store[rows, part.indices] = part.norm[rows].astype(np.float64) * part.norm[part.indices]
         np.testing.assert_allclose(from_store, local, rtol=1e-6, atol=1e-7)
 
 
@@ -336,3 +336,65 @@ def test_static_features_in_the_configured_layout(tmp_path, store_mode, mode):
             a, b = state.intervals[1]  # what the cpu backend and a PULL read
             rows = state.rows("X")[a:b]
             np.testing.assert_array_equal(rows.toarray() if isinstance(rows, SparseRows) else rows, want[a:b])
+
+
+# ----------------------------------------------------------------------------- lean state
+
+
+def test_indices_are_memory_mapped_not_copied(store):
+    """The graph keeps the store's int32 indices as they are mapped: one copy, the page cache's."""
+    plan = make_plan("mixed")
+    part = store.load_part(1)
+    state = PartitionState(part, plan, row_normalize_features=True, num_intervals=2)
+    assert part.indices.dtype == np.int32 and isinstance(part.indices, np.memmap)
+    assert state.graph.indices is part.indices
+    assert np.shares_memory(state.graph.col_norm, part.norm) and np.shares_memory(state.graph.row_norm, part.norm)
+    x = np.random.default_rng(0).standard_normal((part.n_local, 3)).astype(np.float32)
+    state.graph.aggregate("gcn", x, state.intervals[1])
+    state.graph.aggregate_transpose("gcn", x[:part.n_owned])
+    assert state.graph.indices is part.indices  # the products did not swap in a copy
+    assert state.graph.memory()["values"] == 0  # no per-entry float on the host path
+
+
+def test_gather_of_kinds_equals_dense_oracle(store, graph, dense_adjacency):
+    """gcn and mean from per-vertex scales only, forward and transposed, against float64 oracles."""
+    rng = np.random.default_rng(3)
+    adj = gcn_normalize(graph.src, graph.dst, graph.num_nodes)
+    pattern = np.zeros((graph.num_nodes, graph.num_nodes))
+    pattern[adj.rows(), adj.indices] = 1.0
+    np.fill_diagonal(pattern, 0.0)
+    mean = pattern / np.maximum(pattern.sum(axis=1, keepdims=True), 1)
+    for i in range(NUM_PARTS):
+        part = store.load_part(i)
+        state = PartitionState(part, make_plan("mixed"), row_normalize_features=True, num_intervals=2)
+        x = rng.standard_normal((part.n_local, 4)).astype(np.float32)
+        g = rng.standard_normal((part.n_owned, 4)).astype(np.float32)
+        for kind, dense in (("gcn", dense_adjacency), ("mean", mean)):
+            local = local_dense(part, dense)
+            got = np.concatenate([state.graph.aggregate(kind, x, rows) for rows in state.intervals])
+            np.testing.assert_allclose(got, local @ x, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(state.graph.aggregate_transpose(kind, g), local.T @ g, rtol=1e-5, atol=1e-6)
+
+
+def test_bytes_per_edge_of_a_hand_built_part():
+    """A part of 3 owned vertices and 2 ghosts, 8 entries (3 self loops), 2 features."""
+    from dorylus.partition import Partition
+    from graphserver.state import format_memory, memory_figures
+
+    indptr = np.array([0, 3, 5, 8])
+    indices = np.array([0, 1, 3, 0, 1, 2, 3, 4], dtype=np.int32)
+    part = Partition(part_id=0, num_parts=2, owned=np.array([5, 2, 7]), ghosts=np.array([1, 9]),
+                     ghost_offsets=np.array([0, 0, 2]), indptr=indptr, indices=indices,
+                     norm=np.full(5, 0.5, np.float32), features=np.zeros((3, 2), np.float32),
+                     labels=np.zeros(3, np.int64), train_mask=np.ones(3, bool), val_mask=np.zeros(3, bool),
+                     test_mask=np.zeros(3, bool), send_indices=np.array([0, 2]), send_offsets=np.array([0, 0, 2]))
+    buffers = {"H": np.zeros((5, 4), np.float32), "Y": np.zeros((3, 4), np.float32)}
+    fig = memory_figures(part, buffers=buffers)
+    assert fig["bytes"] == {"indices": 32, "indptr": 32, "norm": 20, "transpose": 8 * 4 + 6 * 8, "global_ids": 40,
+                            "features": 24, "labels_masks": 24 + 9, "exchange": 16 + 16 + 24 + 24,
+                            "buffers": 80 + 48, "ghost_rows": 32}
+    assert fig["per_edge"]["indices"] == 4.0 and fig["per_edge"]["transpose"] == 10.0
+    assert fig["per_vertex"]["norm"] == 20 / 3
+    assert fig["total_bytes"] == sum(v for k, v in fig["bytes"].items() if k != "ghost_rows")
+    assert fig["total_per_edge"] == fig["total_bytes"] / 8
+    assert "B per entry" in format_memory(fig)

@@ -64,19 +64,22 @@ def check_store(ds: GraphDataset, parts: np.ndarray, root: Path, a_hat: np.ndarr
     assert meta.nnz == np.count_nonzero(a_hat) and meta.symmetrized == (not ds.directed)
     loaded = [store.load_part(i) for i in range(num_parts)]
 
-    # Every vertex owned exactly once, by the part it was assigned to.
+    # Every vertex owned exactly once, by the part it was assigned to (in the store's order).
     for i, p in enumerate(loaded):
-        assert p.owned.tolist() == np.flatnonzero(parts == i).tolist()
+        assert sorted(p.owned.tolist()) == np.flatnonzero(parts == i).tolist()
+        assert p.indices.dtype == np.int32 and p.norm.shape == (p.n_local,)
 
     edge_exists = a_hat != 0
     np.fill_diagonal(edge_exists, False)  # edge_exists[v, u]: u is an in-neighbour of v
     h = np.random.default_rng(1).standard_normal((n, 5))
     for i, p in enumerate(loaded):
-        # Ghosts are exactly the remote in-neighbours of owned vertices, ordered by (owner, id).
+        # Ghosts are exactly the remote in-neighbours of owned vertices, ordered by (owner,
+        # first owned row that reads them, id).
         in_neighbours = np.flatnonzero(edge_exists[p.owned].any(axis=0))
         expected = in_neighbours[parts[in_neighbours] != i]
         assert sorted(p.ghosts.tolist()) == expected.tolist()
-        assert p.ghosts.tolist() == sorted(expected.tolist(), key=lambda g: (parts[g], g))
+        first_reader = {g: int(np.flatnonzero(edge_exists[p.owned, g])[0]) for g in expected.tolist()}
+        assert p.ghosts.tolist() == sorted(expected.tolist(), key=lambda g: (parts[g], first_reader[g], g))
         for j in range(num_parts):
             block = p.ghosts[p.ghost_offsets[j]:p.ghost_offsets[j + 1]]
             assert np.all(parts[block] == j)
@@ -84,17 +87,21 @@ def check_store(ds: GraphDataset, parts: np.ndarray, root: Path, a_hat: np.ndarr
             q = loaded[j]
             assert q.owned[q.send_rows(i)].tolist() == block.tolist()
             assert p.global_ids()[p.ghost_rows(j)].tolist() == block.tolist()
-        # Local Gather over local ids equals the dense oracle's rows for owned vertices.
+        # Rows list local ids ascending, self loop included; A_hat[v, u] = norm[v] norm[u] over
+        # local ids equals the dense oracle's rows for owned vertices.
         rows = np.repeat(np.arange(p.n_owned), np.diff(p.indptr))
+        keys = rows * p.n_local + p.indices
+        assert np.all(np.diff(keys) > 0) and np.all(np.isin(np.arange(p.n_owned) * (p.n_local + 1), keys))
+        weights = p.norm[rows].astype(np.float64) * p.norm[p.indices]
         z = np.zeros((p.n_owned, h.shape[1]))
-        np.add.at(z, rows, p.weights[:, None].astype(np.float64) * h[p.global_ids()][p.indices])
+        np.add.at(z, rows, weights[:, None] * h[p.global_ids()][p.indices])
         np.testing.assert_allclose(z, a_hat[p.owned] @ h, rtol=1e-6, atol=1e-7)
 
     # Reassembled parts are exactly (bitwise) the global normalization and the original arrays.
     back, adj = reassemble(store)
     ref = gcn_normalize(ds.src, ds.dst, n, symmetrize=not ds.directed)
     assert np.array_equal(adj.indptr, ref.indptr) and np.array_equal(adj.indices, ref.indices)
-    assert np.array_equal(adj.weights.view(np.uint32), ref.weights.view(np.uint32))
+    assert np.array_equal(adj.norm.view(np.uint32), ref.norm.view(np.uint32))
     assert np.array_equal(adj.in_degree, ref.in_degree)
     for field in ("features", "labels", *MASK_NAMES):
         assert np.array_equal(getattr(back, field), getattr(ds, field)), field
@@ -129,8 +136,96 @@ def test_mmap_loading_is_read_only(tmp_path):
     ds = undirected_toy()
     write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", method="contiguous", seed=0)
     p = open_store(tmp_path / "s").load_part(1)
-    assert isinstance(p.weights, np.memmap) and not p.weights.flags.writeable
-    assert not isinstance(open_store(tmp_path / "s").load_part(1, mmap=False).weights, np.memmap)
+    for array in (p.indices, p.norm, p.indptr):
+        assert isinstance(array, np.memmap) and not array.flags.writeable
+    assert p.indices.dtype == np.int32
+    assert not isinstance(open_store(tmp_path / "s").load_part(1, mmap=False).indices, np.memmap)
+
+
+@pytest.mark.parametrize("order", ["rcm", "bfs", "none"])
+def test_vertex_order_is_recorded_and_a_permutation(tmp_path, order):
+    ds = load_cora()
+    parts = assign_parts(ds.num_nodes, ds.src, ds.dst, 2, "metis")
+    write_store(ds, parts, tmp_path / "s", method="metis", seed=0, vertex_order=order)
+    store = open_store(tmp_path / "s")
+    assert store.meta.vertex_order == order
+    spans = []
+    for i in range(2):
+        p = store.load_part(i)
+        assert sorted(p.owned.tolist()) == np.flatnonzero(parts == i).tolist()
+        if order == "none":
+            assert np.all(np.diff(p.owned) > 0)
+        rows = np.repeat(np.arange(p.n_owned), np.diff(p.indptr))
+        inner = p.indices < p.n_owned
+        spans.append(np.abs(rows[inner] - p.indices[inner]).mean())
+    check_store(ds, parts, tmp_path / "s", dense_a_hat(ds))
+    if order != "none":  # neighbours numbered near each other: a random order's mean is n_part / 3
+        assert max(spans) < ds.num_nodes / 2 / 5
+
+
+def test_unknown_vertex_order_is_a_config_error(tmp_path):
+    ds = undirected_toy()
+    with pytest.raises(ConfigError, match="vertex_order must be one of rcm, bfs, none, got 'dfs'"):
+        write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "s", method="contiguous", seed=0, vertex_order="dfs")
+    assert not (tmp_path / "s").exists()
+
+
+def test_store_writer_part_by_part_equals_write_store(tmp_path):
+    """The streaming partitioners' API: parts given in any order of their vertices, edges as
+    int32 global ids, give the same store as write_store (the writer numbers the vertices)."""
+    from dorylus.normalize import edge_keys
+    from dorylus.partition import StoreWriter
+
+    ds = load_cora()
+    n = ds.num_nodes
+    parts = assign_parts(n, ds.src, ds.dst, 3, "metis")
+    write_store(ds, parts, tmp_path / "a", method="metis", seed=0)
+    keys = edge_keys(ds.src, ds.dst, n, symmetrize=True)
+    src, dst = (keys % n).astype(np.int32), (keys // n).astype(np.int32)
+    degree = np.bincount(dst, minlength=n).astype(np.int32)
+    rng = np.random.default_rng(0)
+    with StoreWriter(tmp_path / "b", num_parts=3, num_nodes=n, num_features=ds.num_features,
+                     num_classes=ds.num_classes, dataset_name="cora", directed=False, method="metis", seed=0,
+                     num_edges=ds.num_edges) as writer:
+        for i in (2, 0, 1):
+            owned = rng.permutation(np.flatnonzero(parts == i))
+            mine = parts[dst] == i
+            shuffle = rng.permutation(int(mine.sum()))
+            writer.write_part(i, owned, src[mine][shuffle], dst[mine][shuffle], degree, parts.astype(np.int8),
+                              ds.features[owned], ds.labels[owned], *(getattr(ds, m)[owned] for m in MASK_NAMES))
+        with pytest.raises(ConfigError, match="part 1 is not a part still to write"):
+            writer.write_part(1, owned, src[:0], dst[:0], degree, parts, ds.features[owned], ds.labels[owned],
+                              *(getattr(ds, m)[owned] for m in MASK_NAMES))
+    a, b = open_store(tmp_path / "a"), open_store(tmp_path / "b")
+    assert {k: v for k, v in a.meta.to_dict().items() if k not in ("files", "created_by")} == \
+        {k: v for k, v in b.meta.to_dict().items() if k not in ("files", "created_by")}
+    for i in range(3):
+        pa, pb = a.load_part(i), b.load_part(i)
+        assert sorted(pa.owned.tolist()) == sorted(pb.owned.tolist()) and pa.nnz == pb.nnz
+    check_store(ds, parts, tmp_path / "b", dense_a_hat(ds))
+
+
+def test_store_writer_checks_its_input(tmp_path):
+    from dorylus.partition import StoreWriter
+
+    ds = undirected_toy()
+    parts = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1])
+    args = dict(num_parts=2, num_nodes=9, num_features=4, num_classes=3, dataset_name="toy", directed=False,
+                method="contiguous", seed=0)
+    rows = lambda owned: (ds.features[owned], ds.labels[owned], *(getattr(ds, m)[owned] for m in MASK_NAMES))
+    owned = np.array([0, 1, 2, 3])
+    degree = np.array([2, 2, 3, 3, 2, 2, 1, 1, 0])
+    src, dst = np.array([1, 2, 0, 2, 0, 1, 3, 2, 4, 5]), np.array([0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
+    with pytest.raises(ConfigError, match="every in-edge needs an owned dst and no self loop"):
+        with StoreWriter(tmp_path / "s", **args) as writer:
+            writer.write_part(0, owned, np.array([1, 0]), np.array([0, 4]), degree, parts, *rows(owned))
+    with pytest.raises(ConfigError, match=r"part 0: degree\[3\] is 5 but the part has 3 distinct in-edges"):
+        with StoreWriter(tmp_path / "s", **args) as writer:
+            writer.write_part(0, owned, src, dst, np.where(np.arange(9) == 3, 5, degree), parts, *rows(owned))
+    with pytest.raises(ConfigError, match="part 1 of 2 was never written"):
+        with StoreWriter(tmp_path / "s", **args) as writer:
+            writer.write_part(0, owned, src, dst, degree, parts, *rows(owned))
+    assert os.listdir(tmp_path) == []  # nothing half-written is left
 
 
 def test_meta_json_contents(tmp_path):
@@ -139,7 +234,8 @@ def test_meta_json_contents(tmp_path):
     write_store(ds, parts, tmp_path / "s", method="random", seed=4)
     meta = json.loads((tmp_path / "s" / "meta.json").read_text())
     assert meta == open_store(tmp_path / "s").meta.to_dict()
-    assert meta["format_version"] == 1 and meta["normalization"] == "gcn-sym-selfloop"
+    assert meta["format_version"] == 3 and meta["normalization"] == "gcn-sym-selfloop"
+    assert meta["vertex_order"] == "rcm"
     assert meta["dataset"] == "toy" and meta["num_edges"] == 11 and meta["seed"] == 4 and not meta["directed"]
     assert meta["created_by"].startswith("dorylus ")
     assert len(meta["files"]) == 3 * 13
@@ -150,7 +246,7 @@ def test_meta_json_contents(tmp_path):
 
 @pytest.fixture
 def cora_store(tmp_path):
-    """Cora in 4 parts with dense features (a version 1 store, as before sparse features)."""
+    """Cora in 4 parts with dense features."""
     ds = load_cora()
     write_store(ds, assign_parts(ds.num_nodes, ds.src, ds.dst, 4, "metis"), tmp_path / "s", method="metis", seed=0,
                 sparse_features="off")
@@ -158,15 +254,15 @@ def cora_store(tmp_path):
 
 
 def test_corrupt_file_is_named(cora_store):
-    path = cora_store / "part-2" / "weights.npy"
+    path = cora_store / "part-2" / "norm.npy"
     data = bytearray(path.read_bytes())
     data[-7] ^= 0x01
     path.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match="part-2/weights.npy is corrupt"):
+    with pytest.raises(StoreError, match="part-2/norm.npy is corrupt"):
         open_store(cora_store)
     store = open_store(cora_store, verify=False)
     store.verify([0, 1, 3])  # the other parts are fine
-    with pytest.raises(StoreError, match="part-2/weights.npy is corrupt"):
+    with pytest.raises(StoreError, match="part-2/norm.npy is corrupt"):
         store.verify([2])
 
 
@@ -185,9 +281,23 @@ def rewrite_meta(root: Path, **changes) -> None:
 
 
 def test_wrong_format_version(cora_store):
-    rewrite_meta(cora_store, format_version=3)
-    with pytest.raises(StoreError, match=f"partition store {cora_store} has format version 3; this dorylus reads 1, 2"):
+    rewrite_meta(cora_store, format_version=4)
+    with pytest.raises(StoreError, match=f"partition store {cora_store} has format version 4; this dorylus reads 3"):
         open_store(cora_store)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_store_is_refused_with_how_to_rebuild(tmp_path, version):
+    """A store written before format 3 (weights.npy, int64 indices) is refused, never misread."""
+    root = tmp_path / "old"
+    (root / "part-0").mkdir(parents=True)
+    np.save(root / "part-0" / "weights.npy", np.ones(3, np.float32))
+    (root / "meta.json").write_text(json.dumps({"format_version": version, "num_parts": 1}))
+    with pytest.raises(StoreError, match=rf"partition store {root} has format version {version} \(int64 indices "
+                                         rf"and per-entry weights, from an older dorylus\); this dorylus reads 3: "
+                                         rf"rebuild it with `dorylus partition --dataset DATASET --out {root} "
+                                         rf"--overwrite`"):
+        open_store(root)
 
 
 def test_missing_and_malformed_meta(tmp_path, cora_store):
@@ -199,7 +309,7 @@ def test_missing_and_malformed_meta(tmp_path, cora_store):
     (cora_store / "meta.json").write_text('{"format_version": 1, ')
     with pytest.raises(StoreError, match="meta.json: not valid JSON"):
         open_store(cora_store)
-    (cora_store / "meta.json").write_text('{"format_version": 1}')
+    (cora_store / "meta.json").write_text('{"format_version": 3}')
     with pytest.raises(StoreError, match="meta.json: missing key 'dataset'"):
         open_store(cora_store)
 
@@ -226,7 +336,9 @@ def replace_array(root: Path, rel: str, array: np.ndarray) -> None:
         ("part-1/indices.npy", lambda a: a + 10**6, r"part-1/indices.npy: local ids must be in \[0, "),
         ("part-0/features.npy", lambda a: a.astype(np.float64), r"part-0/features.npy has dtype float64"),
         ("part-3/indptr.npy", lambda a: a[:-1], r"part-3/indptr.npy has dtype int64 shape"),
-        ("part-2/owned.npy", lambda a: a[::-1].copy(), r"part-2/owned.npy: global ids must be ascending"),
+        ("part-2/owned.npy", lambda a: np.concatenate([a[1:], a[:1]]) * 0, r"part-2/owned.npy: global ids must be distinct"),
+        ("part-1/indices.npy", lambda a: a.astype(np.int64), r"part-1/indices.npy has dtype int64 shape .* expected int32"),
+        ("part-1/norm.npy", lambda a: a * 0, r"part-1/norm.npy: entries must be \(1 \+ degree\)\^-1/2"),
         ("part-2/send_indices.npy", lambda a: a + 10**6, r"part-2/send_indices.npy: local ids must be owned"),
         ("part-1/ghost_offsets.npy", lambda a: a[::-1].copy(), r"part-1/ghost_offsets.npy: offsets must rise"),
     ],
@@ -363,7 +475,7 @@ def test_sparse_features_round_trip(cora_sparse_store):
     ds = load_cora()
     store = open_store(cora_sparse_store)
     raw = json.loads((cora_sparse_store / "meta.json").read_text())
-    assert raw["format_version"] == 2  # old readers refuse the store instead of missing features.npy
+    assert raw["format_version"] == 3
     for i in range(3):
         entry = raw["parts"][i]
         part = store.load_part(i)
@@ -379,16 +491,15 @@ def test_sparse_features_round_trip(cora_sparse_store):
     assert np.array_equal(back.features, ds.features)
 
 
-@pytest.mark.parametrize("mode, layout, version", [("auto", "dense", 1), ("on", "csr", 2), ("off", "dense", 1)])
-def test_sparse_features_option_on_dense_data(tmp_path, mode, layout, version):
+@pytest.mark.parametrize("mode, layout", [("auto", "dense"), ("on", "csr"), ("off", "dense")])
+def test_sparse_features_option_on_dense_data(tmp_path, mode, layout):
     """The toy graph's features are all non-zero: ``auto`` keeps them dense, ``on`` forces CSR."""
     ds = undirected_toy()
     write_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", method="contiguous", seed=0,
                 sparse_features=mode)
     store = open_store(tmp_path / "s")
-    assert store.meta.format_version == version
+    assert store.meta.format_version == 3
     assert [store.meta.feature_layout(i) for i in range(2)] == [layout] * 2
-    assert ("features" in store.meta.parts[0]) == (version == 2)  # a version 1 store stays as it was
     check_store(ds, assign_parts(9, ds.src, ds.dst, 2, "contiguous"), tmp_path / "s", dense_a_hat(ds))
 
 
@@ -442,9 +553,11 @@ def test_bad_layout_in_meta_is_named(cora_sparse_store, change, message):
         open_store(cora_sparse_store)
 
 
-def test_version_1_store_cannot_claim_sparse_parts(cora_sparse_store):
-    rewrite_meta(cora_sparse_store, format_version=1)
-    with pytest.raises(StoreError, match=r"parts\[0\] 'features' must be one of dense, csr \(format version 2"):
+def test_a_part_without_layout_is_refused(cora_sparse_store):
+    meta = json.loads((cora_sparse_store / "meta.json").read_text())
+    del meta["parts"][0]["features"]
+    (cora_sparse_store / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=r"parts\[0\] 'features' must be one of dense, csr, got None"):
         open_store(cora_sparse_store)
 
 
@@ -467,7 +580,7 @@ def test_inspect_prints_a_models_ghost_traffic(tmp_path, capsys):
     assert line.startswith("gat (") and f"({expected:,} bytes) in the training pass" in line
 
 
-@pytest.mark.parametrize("mode,layout", [("on", "csr"), ("off", None)])
+@pytest.mark.parametrize("mode,layout", [("on", "csr"), ("off", "dense")])
 def test_partition_command_takes_the_feature_layout(tmp_path, mode, layout):
     from dorylus.cli import main
     from dorylus.data.loaders import save_npz
