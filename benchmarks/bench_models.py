@@ -70,25 +70,27 @@ except ImportError:
 
 
 class PygModel(torch.nn.Module):
-    """``spec``'s layers as PyG convolutions holding our initial weights: ``dropout -> conv -> act``."""
+    """``spec``'s layers as PyG convolutions (their default ``bias=True``) holding our initial
+    parameters: ``dropout -> conv -> act``."""
 
-    def __init__(self, spec: ModelSpec, weights: list[np.ndarray]):
+    def __init__(self, spec: ModelSpec, initial: list[dict[str, np.ndarray]]):
         super().__init__()
         self.spec = spec
         self.convs = torch.nn.ModuleList()
-        for layer, w in zip(spec.layers, weights):
-            w = torch.from_numpy(w)
+        for layer, ours in zip(spec.layers, initial):
+            w = {name: torch.from_numpy(value) for name, value in ours.items()}
             if spec.arch == "gcn":
-                conv = GCNConv(layer.in_dim, layer.out_dim, cached=True, bias=False)
-                params = {conv.lin.weight: w.t()}
+                conv = GCNConv(layer.in_dim, layer.out_dim, cached=True)
+                params = {conv.lin.weight: w["weight"].t(), conv.bias: w["bias"]}
             elif spec.arch == "sage":
-                conv = SAGEConv(layer.in_dim, layer.out_dim, aggr="mean", bias=False)
-                params = {conv.lin_r.weight: w[:layer.in_dim].t(), conv.lin_l.weight: w[layer.in_dim:].t()}
+                conv = SAGEConv(layer.in_dim, layer.out_dim, aggr="mean")
+                params = {conv.lin_r.weight: w["weight_self"].t(), conv.lin_l.weight: w["weight_neigh"].t(),
+                          conv.lin_l.bias: w["bias"]}
             else:
                 conv = GATConv(layer.in_dim, layer.out_dim, heads=layer.heads, concat=layer.concat,
-                               dropout=layer.attention_dropout, bias=False)
-                params = {conv.lin.weight: w[:-2].t(), conv.att_dst: w[-2].view(1, layer.heads, -1),
-                          conv.att_src: w[-1].view(1, layer.heads, -1)}
+                               dropout=layer.attention_dropout)
+                params = {conv.lin.weight: w["weight"].t(), conv.att_dst: w["att_dst"].view(1, layer.heads, -1),
+                          conv.att_src: w["att_src"].view(1, layer.heads, -1), conv.bias: w["bias"]}
             with torch.no_grad():
                 for param, value in params.items():
                     param.copy_(value)
@@ -111,7 +113,7 @@ class PygTrainer:
         self.features = torch.from_numpy(to_dense(graph.features))  # dense, as PyG users feed GCNConv
         data = graph.dataset
         self.labels, self.train_mask = torch.from_numpy(data.labels), torch.from_numpy(data.train_mask)
-        self.model = PygModel(spec, spec.init_weights(config.seed))
+        self.model = PygModel(spec, spec.init_params(config.seed))
         groups = [{"params": conv.parameters(), "weight_decay": layer.weight_decay}
                   for layer, conv in zip(spec.layers, self.model.convs)]
         self.optimizer = torch.optim.Adam(groups, lr=config.lr)

@@ -108,17 +108,19 @@ def std(values: list[float]) -> float:
 
 
 class PygGCN(torch.nn.Module):
-    """The model of ``spec`` with ``GCNConv`` layers: ``dropout -> conv -> relu`` per layer, no bias."""
+    """The model of ``spec`` with ``GCNConv`` layers (bias after aggregation, as ours):
+    ``dropout -> conv -> relu`` per layer."""
 
-    def __init__(self, spec: ModelSpec, initial_weights: list[np.ndarray]):
+    def __init__(self, spec: ModelSpec, initial: list[dict[str, np.ndarray]]):
         super().__init__()
         self.spec = spec
         self.convs = torch.nn.ModuleList(
-            GCNConv(layer.in_dim, layer.out_dim, cached=True, normalize=True, bias=False) for layer in spec.layers
+            GCNConv(layer.in_dim, layer.out_dim, cached=True, normalize=True) for layer in spec.layers
         )
         with torch.no_grad():
-            for conv, w in zip(self.convs, initial_weights):
-                conv.lin.weight.copy_(torch.from_numpy(w).t())  # Linear keeps W as [out, in]
+            for conv, params in zip(self.convs, initial):
+                conv.lin.weight.copy_(torch.from_numpy(params["weight"]).t())  # Linear keeps W as [out, in]
+                conv.bias.copy_(torch.from_numpy(params["bias"]))
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         for layer, conv in zip(self.spec.layers, self.convs):
@@ -144,7 +146,7 @@ class PygTrainer:
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
         torch.manual_seed(config.seed)
-        self.model = PygGCN(self.spec, self.spec.init_weights(config.seed))
+        self.model = PygGCN(self.spec, self.spec.init_params(config.seed))
         groups = [{"params": conv.parameters(), "weight_decay": layer.weight_decay}
                   for layer, conv in zip(self.spec.layers, self.model.convs)]
         self.optimizer = torch.optim.Adam(groups, lr=config.lr)

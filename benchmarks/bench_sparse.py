@@ -85,13 +85,14 @@ def make_graph(num_nodes: int, num_edges: int, num_features: int, density: float
 class PygGCN(torch.nn.Module):
     """The spec's GCN with ``GCNConv`` layers holding our initial weights: ``dropout -> conv -> relu``."""
 
-    def __init__(self, spec: ModelSpec, weights: list[np.ndarray], sparse_x: bool):
+    def __init__(self, spec: ModelSpec, initial: list[dict[str, np.ndarray]], sparse_x: bool):
         super().__init__()
         self.spec, self.sparse_x = spec, sparse_x
-        self.convs = torch.nn.ModuleList(GCNConv(l.in_dim, l.out_dim, cached=True, bias=False) for l in spec.layers)
+        self.convs = torch.nn.ModuleList(GCNConv(l.in_dim, l.out_dim, cached=True) for l in spec.layers)
         with torch.no_grad():
-            for conv, w in zip(self.convs, weights):
-                conv.lin.weight.copy_(torch.from_numpy(w).t())  # Linear keeps W as [out, in]
+            for conv, params in zip(self.convs, initial):
+                conv.lin.weight.copy_(torch.from_numpy(params["weight"]).t())  # Linear keeps W as [out, in]
+                conv.bias.copy_(torch.from_numpy(params["bias"]))
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         for layer, conv in zip(self.spec.layers, self.convs):
@@ -118,7 +119,7 @@ class PygTrainer:
         data = graph.dataset
         self.labels, self.train_mask = torch.from_numpy(data.labels), torch.from_numpy(data.train_mask)
         torch.manual_seed(config.seed)
-        self.model = PygGCN(spec, spec.init_weights(config.seed), sparse_x)
+        self.model = PygGCN(spec, spec.init_params(config.seed), sparse_x)
         groups = [{"params": conv.parameters(), "weight_decay": layer.weight_decay}
                   for layer, conv in zip(spec.layers, self.model.convs)]
         self.optimizer = torch.optim.Adam(groups, lr=config.lr)
@@ -144,15 +145,15 @@ class FunctionWork:
         layer = spec.layers[0]
         assert gcn.projects_first(layer), "layer 0 must project first (4,096 -> 16)"
         self.x, self.ids = x, np.arange(x.shape[0], dtype=np.int64)
-        self.w = spec.init_weights(seed)[0]
+        self.params = spec.init_params(seed)[0]
         self.grad = np.random.default_rng(seed).standard_normal((x.shape[0], layer.out_dim)).astype(np.float32)
         self.args = {"dropout": layer.dropout, "act_in": None, "project_first": True, "seed": seed,
                      "training": True, "train_count": 1}
 
     def step(self, epoch: int) -> None:
         args = {**self.args, "epoch": epoch}
-        gcn.compute("AV", 0, [self.x, self.ids], self.w, args)
-        gcn.compute("AV_BWD", 0, [self.grad, self.x, self.ids], self.w, args)
+        gcn.compute("AV", 0, [self.x, self.ids], self.params, args)
+        gcn.compute("AV_BWD", 0, [self.grad, self.grad, self.x, self.ids], self.params, args)  # dP, dY
 
 
 def time_systems(systems: dict[str, Callable[[int], Any]], warmup: int, epochs: int) -> dict[str, list[float]]:

@@ -189,7 +189,7 @@ def _model_traffic(args: argparse.Namespace, meta, stats: dict) -> str:
     ghosts = stats["global"]["ghosts"]
     train, evaluate = (4 * ghosts * plan.ghost_columns(training) for training in (True, False))
     shapes = " -> ".join([str(spec.layers[0].in_dim)] + [str(layer.output_width) for layer in spec.layers])
-    return (f"{args.model} ({shapes}, weights {spec.weight_shapes()}): per epoch, ghost rows carry "
+    return (f"{args.model} ({shapes}, parameters {spec.named_shapes()}): per epoch, ghost rows carry "
             f"{train / 1e6:,.1f} MB ({train:,} bytes) in the training pass and {evaluate / 1e6:,.1f} MB in an "
             f"evaluation pass; "
             f"{plan.function_calls_per_interval(True)} + {plan.function_calls_per_interval(False)} function calls "

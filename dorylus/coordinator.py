@@ -204,7 +204,7 @@ class Cluster:
         spec = ModelSpec.from_config(config, meta.num_features, meta.num_classes)
         # What the coordinator receives: weights and optimizer state from the parameter server
         # (get_state), headers alone from the graph servers.
-        self.ps_max_bytes = sockets.message_limit(sockets.largest_weight_bytes(spec.weight_shapes()),
+        self.ps_max_bytes = sockets.message_limit(sockets.largest_weight_bytes(spec.named_shapes().values()),
                                                   config.max_message_mb)
         self.graph_max_bytes = sockets.message_limit(0, config.max_message_mb)
 
@@ -536,17 +536,18 @@ class DistributedTrainer:
         return {"invocations": invocations, "billed_gb_s": billed_gb_s,
                 **epoch_metrics(self.pricing, seconds, billed_gb_s, invocations)}
 
-    def state(self, epoch: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """The weights and optimizer state right after epoch ``epoch``'s step (see :mod:`dorylus.optim`)."""
+    def state(self, epoch: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The parameters (``layers.<l>.<name>``) and optimizer state right after epoch
+        ``epoch``'s step (see :mod:`dorylus.optim`)."""
         reply, tensors = self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "get_state", "version": epoch}))
         arrays = {name: np.array(t) for name, t in zip(reply.names, tensors)}
-        weights = [arrays.pop(f"W{layer}") for layer in range(len(self.spec.layers))]
-        return weights, arrays
+        params = {name: arrays.pop(name) for name in self.spec.named_shapes()}
+        return params, arrays
 
-    def restore(self, weights: list[np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
+    def restore(self, params: dict[str, np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
         """Load a checkpoint's state into the parameter server; its version counts epochs (one
         step each), so the restored version is ``epoch``."""
-        arrays = {**{f"W{layer}": np.asarray(w, np.float32) for layer, w in enumerate(weights)}, **optimizer}
+        arrays = {**{name: np.asarray(w, np.float32) for name, w in params.items()}, **optimizer}
         self.cluster.ps_request(Header(Op.COMMAND, names=tuple(arrays), meta={
             "command": "set_state", "version": epoch, "epoch": epoch, "optimizer": self.config.optimizer}),
             list(arrays.values()))

@@ -3,17 +3,19 @@
 One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3, §5)::
 
     HELLO                                   -> READY    meta {num_layers, version, optimizer}
-    PULL_WEIGHTS layer, epoch, interval,    -> WEIGHTS  layer, version, [W_layer], meta {newest}
-                 part, meta {weights}
+    PULL_WEIGHTS layer, epoch, interval,    -> WEIGHTS  layer, version, names, [one tensor per name],
+                 part, meta {weights}                   meta {newest}
     PUSH_GRADS   layer, epoch, interval,    -> ACK      meta {duplicate}
-                 version, part, [dW_layer]
+                 version, part, names,
+                 [one gradient per name]
     COMMAND configure {expected}            -> ACK      (auto-step, see below)
     COMMAND step  {epoch[, expected]}       -> ACK      meta {version, grads}
     COMMAND wait_version {version}          -> ACK      meta {version}, sent once that version exists
-    COMMAND get_state [{version}]           -> WEIGHTS  meta {version, epoch, optimizer}, [W<l>..., <kind>_<l>...]
+    COMMAND get_state [{version}]           -> WEIGHTS  meta {version, epoch, optimizer}, names, [parameters,
+                                                        then optimizer state]
     COMMAND set_state {version, epoch,      -> ACK      meta {version, epoch}
                        optimizer}, tensors as get_state returns them
-    COMMAND get_weights                     -> WEIGHTS  layer=0, version, [W_0, ..., W_{L-1}]
+    COMMAND get_weights                     -> WEIGHTS  layer=0, version, names, [every parameter]
     COMMAND config                          -> ACK      meta: the config's fields servers use (server_view)
     STATS                                   -> STATS    meta {pulls, pushes, applied, dropped, ...}
     SHUTDOWN                                -> ACK, then the loop stops
@@ -21,6 +23,16 @@ One ROUTER socket answers every request with exactly one reply (DESIGN §1, §3,
 HELLO's READY also says where functions dial this server (``meta["endpoint"]``: the
 ``--advertise`` address, else the bound one), its message limit (``max_message_bytes``) and
 whether no run has used it yet (``fresh``).
+
+Named parameters
+----------------
+Each layer has the parameters its model declares (``ModelSpec.param_shapes``: e.g. GCN's
+``weight`` and ``bias``). A layer's messages carry them by bare name, ``names`` in the header
+listing one tensor frame each: WEIGHTS every parameter of the layer in the model's order, and
+PUSH_GRADS exactly the layer's names, each gradient of its parameter's shape and dtype (a
+name missing or unknown, or a shape that differs, is ERROR ``bad_field``/``bad_shape``). Where
+several layers' parameters travel together (get_state, set_state, get_weights) they are named
+``layers.<l>.<name>`` and the optimizer's state ``layers.<l>.<name>.<kind>`` (:mod:`dorylus.optim`).
 
 Weight versions and the stash
 -----------------------------
@@ -46,11 +58,11 @@ Gradients and the step
 Gradients are buffered per ``(epoch, layer)`` under the key ``(part, interval)``; the first
 push of a key is applied, later pushes (relaunched attempts, pushes for an epoch already
 stepped) are ACKed with ``meta={"duplicate": True}`` and dropped; STATS counts both
-(``applied``, ``dropped``). A step sums each layer's buffer in sorted ``(part, interval)``
+(``applied``, ``dropped``). A step sums each parameter's gradients in sorted ``(part, interval)``
 order, accumulating in float64 and rounding once to float32, so the result does not depend on
-arrival order; then it runs one optimizer step over all layers with
-:func:`dorylus.optim.build_optimizer` (``torch.optim``, one group per layer with its
-``LayerSpec.weight_decay``), the same optimizer the reference trainer steps with.
+arrival order; then it runs one optimizer step over all parameters with
+:func:`dorylus.optim.build_optimizer` (``torch.optim``, one group per parameter with its layer's
+``LayerSpec.weight_decay``, biases included), the same optimizer the reference trainer steps with.
 
 After ``configure {expected: N}`` (N = intervals over all graph servers) the server steps by
 itself: as soon as every layer of the next epoch has N gradients, in epoch order. Without it,
@@ -58,8 +70,8 @@ the ``step`` command does (tests, tools).
 
 State
 -----
-``get_state`` returns the weights and the optimizer state as named tensors (``W0``,
-``exp_avg_0``, ``step_0``, ...): the newest, or with ``version`` the state right after that
+``get_state`` returns the parameters and the optimizer state as named tensors
+(``layers.0.weight``, ``layers.0.weight.exp_avg``, ``layers.0.weight.step``, ...): the newest, or with ``version`` the state right after that
 step (the last :data:`KEPT_STATES` steps are kept; a version not reached yet is answered once
 it is). ``set_state`` restores a state (a checkpoint's, on resume) and drops every pin and
 pending gradient. The coordinator writes checkpoints; the parameter server never touches files.
@@ -98,10 +110,11 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from dorylus import curve, sockets
+from dorylus import curve, sockets, spot
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError, DorylusError
 from dorylus.runs import atomic_write_text
+from dorylus.models.base import param_key
 from dorylus.models.spec import ModelSpec
 from dorylus.roleopts import add_server_arguments, server_options, watch_parent
 from dorylus.protocol import (
@@ -120,10 +133,16 @@ class ParamServerError(DorylusError):
     """A parameter server cannot start (bad bind address, bad model options)."""
 
 
-def _frozen(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    for a in arrays:
-        a.flags.writeable = False
-    return arrays
+def _frozen(layers: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    for params in layers:
+        for a in params.values():
+            a.flags.writeable = False
+    return layers
+
+
+def _named(layers: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Every layer's parameters under their ``layers.<l>.<name>`` keys."""
+    return {param_key(l, name): a for l, params in enumerate(layers) for name, a in params.items()}
 
 
 def _meta_int(header: Header, name: str, default: int | None = None) -> int:
@@ -138,10 +157,11 @@ def _meta_int(header: Header, name: str, default: int | None = None) -> int:
 
 
 class ParameterServer:
-    """Weights ``W_l`` (float32, shapes from the model: ``ModelSpec.weight_shapes``) of one model and their optimizer.
+    """Each layer's named parameters (float32, names and shapes from the model:
+    ``ModelSpec.param_shapes``) of one model and their optimizer.
 
     Args:
-        spec: the model; initial weights are ``spec.init_weights(seed)``.
+        spec: the model; initial parameters are ``spec.init_params(seed)``.
         seed: weight-init seed (the reference trainer's ``config.seed``).
         optimizer, lr: passed to :func:`dorylus.optim.build_optimizer` with the spec's per-layer
             weight decays.
@@ -175,20 +195,23 @@ class ParameterServer:
 
         from dorylus.optim import build_optimizer
 
-        initial = spec.init_weights(seed)
-        # The optimizer steps these tensors in place; every version is a frozen numpy copy.
-        self._params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in initial]
-        self._optimizer = build_optimizer(self._params, optimizer, lr, [layer.weight_decay for layer in spec.layers])
-        self._versions: dict[int, list[np.ndarray]] = {0: _frozen(initial)}
+        self._shapes = spec.param_shapes()  # per layer: {name: shape}
+        initial = spec.init_params(seed)
+        # The optimizer steps these tensors in place; every version is a frozen numpy copy per layer.
+        self._params = [{name: torch.nn.Parameter(torch.from_numpy(w.copy())) for name, w in layer.items()}
+                        for layer in initial]
+        self._optimizer = build_optimizer({param_key(l, name): p for l, layer in enumerate(self._params)
+                                           for name, p in layer.items()}, optimizer, lr, spec.weight_decays())
+        self._versions: dict[int, list[dict[str, np.ndarray]]] = {0: _frozen(initial)}
         self._version = 0
         self._epoch = 0                      # last stepped epoch (0: none yet; epochs count from 1)
         self._stepped: set[int] = set()
         self._pins: dict[StashKey, int] = {}
-        # (epoch, layer) -> (part, interval) -> dW: one buffer per layer and epoch until its step
-        self._grads: dict[tuple[int, int], dict[tuple[int, int], np.ndarray]] = {}
+        # (epoch, layer) -> (part, interval) -> {name: gradient}: one buffer per layer and epoch until its step
+        self._grads: dict[tuple[int, int], dict[tuple[int, int], dict[str, np.ndarray]]] = {}
         self._expected: int | None = None    # gradients per layer and epoch; set: step by itself
-        # version -> (weights, optimizer arrays) right after that step, for get_state {version}
-        self._states: dict[int, tuple[list[np.ndarray], dict[str, np.ndarray]]] = {}
+        # version -> (parameters, optimizer arrays) right after that step, for get_state {version}
+        self._states: dict[int, tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]] = {}
         self._deferred: list[tuple[bytes, Header]] = []  # wait_version / get_state for a future version
         self._bounds = Bounds(num_layers=self.num_layers)
         self.counters = ProtocolCounters()
@@ -196,7 +219,7 @@ class ParameterServer:
 
         # Weights and the optimizer's state (set_state) travel one tensor per frame.
         self.max_message_bytes = max_message_bytes or sockets.message_limit(
-            sockets.largest_weight_bytes(spec.weight_shapes()))
+            sockets.largest_weight_bytes(spec.named_shapes().values()))
         self._own_context = context is None
         self._context = zmq.Context() if context is None else context
         self._auth = curve.start_authenticator(self._context, keys) if keys is not None else None
@@ -398,9 +421,10 @@ class ParameterServer:
                 f"weight version {header.version} of layer {header.layer} is not kept (current version "
                 f"{self._version}, stashed {sorted(self._versions)}); a version is kept while a stash key pins it",
                 req=header.req)
-        weights = self._versions[version][header.layer]
+        params = self._versions[version][header.layer]
         self._stats["pulls"] += 1
-        return reply_to(header, Op.WEIGHTS, version=version, names=("W",), meta={"newest": self._version}), [weights]
+        return (reply_to(header, Op.WEIGHTS, version=version, names=tuple(params), meta={"newest": self._version}),
+                list(params.values()))
 
     def _free_unpinned(self) -> None:
         keep = set(self._pins.values()) | {self._version}
@@ -409,17 +433,24 @@ class ParameterServer:
 
     def _push(self, header: Header, tensors: list[np.ndarray]) -> Reply:
         layer = header.layer
-        current = self._versions[self._version][layer]
-        if len(tensors) != 1:
-            raise ProtocolError("tensor_count", f"PUSH_GRADS carries one gradient (dW_{layer}), got {len(tensors)}",
+        shapes = self._shapes[layer]
+        if len(header.names) != len(tensors):
+            raise ProtocolError("tensor_count", f"PUSH_GRADS of layer {layer} names {len(header.names)} gradients "
+                                f"but carries {len(tensors)}", req=header.req)
+        if set(header.names) != set(shapes):
+            missing = [n for n in shapes if n not in header.names]
+            unknown = [n for n in header.names if n not in shapes]
+            raise ProtocolError("bad_field", f"PUSH_GRADS of layer {layer} must carry the gradient of every parameter "
+                                f"of the layer ({', '.join(shapes)}); missing {missing}, unknown {unknown}",
                                 req=header.req)
-        grad = tensors[0]
-        if grad.shape != current.shape:
-            raise ProtocolError("bad_shape", f"gradient of layer {layer} has shape {list(grad.shape)}, "
-                                f"W_{layer} is {list(current.shape)}", req=header.req)
-        if grad.dtype != current.dtype:
-            raise ProtocolError("bad_dtype", f"gradient of layer {layer} is {grad.dtype}, W_{layer} is {current.dtype}",
-                                req=header.req)
+        grads = dict(zip(header.names, tensors))
+        for name, grad in grads.items():
+            if grad.shape != shapes[name]:
+                raise ProtocolError("bad_shape", f"gradient of layer {layer} {name} has shape {list(grad.shape)}, "
+                                    f"the parameter is {list(shapes[name])}", req=header.req)
+            if grad.dtype != np.float32:
+                raise ProtocolError("bad_dtype", f"gradient of layer {layer} {name} is {grad.dtype}, the parameter "
+                                    "is float32", req=header.req)
         if header.version > self._version:
             raise ProtocolError("out_of_range", f"gradient computed with version {header.version}, "
                                 f"but the newest version is {self._version}", req=header.req)
@@ -432,7 +463,7 @@ class ParameterServer:
             self._stats["duplicates"] += 1
             self._stats["dropped"] += 1
             return reply_to(header, Op.ACK, meta={"duplicate": True}), []
-        buffer[slot] = grad.copy()  # the received frame belongs to ZeroMQ
+        buffer[slot] = {name: grads[name].copy() for name in shapes}  # the received frames belong to ZeroMQ
         self._step_when_complete()
         return reply_to(header, Op.ACK, meta={"duplicate": False}), []
 
@@ -476,7 +507,7 @@ class ParameterServer:
     # ------------------------------------------------------------------------- commands
 
     def _step(self, header: Header) -> Reply:
-        """``W_l <- opt(W_l, sum_{(part, interval) sorted} dW_l[part, interval])`` for every layer."""
+        """``p <- opt(p, sum_{(part, interval) sorted} dp[part, interval])`` for every parameter ``p``."""
         epoch = _meta_int(header, "epoch")
         expected = header.meta.get("expected")
         if expected is not None:
@@ -501,14 +532,16 @@ class ParameterServer:
         from dorylus.optim import optimizer_arrays
 
         buffers = [self._grads.get((epoch, layer), {}) for layer in range(self.num_layers)]
-        for param, buffer in zip(self._params, buffers):
-            total = np.zeros(buffer[min(buffer)].shape, np.float64)
-            for slot in sorted(buffer):
-                total += buffer[slot]
-            param.grad = torch.from_numpy(total.astype(np.float32))
+        for params, buffer in zip(self._params, buffers):
+            for name, param in params.items():
+                total = np.zeros(tuple(param.shape), np.float64)
+                for slot in sorted(buffer):
+                    total += buffer[slot][name]
+                param.grad = torch.from_numpy(total.astype(np.float32))
         self._optimizer.step()
         self._version += 1
-        self._versions[self._version] = _frozen([p.detach().numpy().copy() for p in self._params])
+        self._versions[self._version] = _frozen([{name: p.detach().numpy().copy() for name, p in params.items()}
+                                                 for params in self._params])
         self._epoch = max(self._epoch, epoch)
         self._stepped.add(epoch)
         for layer in range(self.num_layers):
@@ -543,9 +576,9 @@ class ParameterServer:
         return reply_to(header, Op.ACK, version=self._version, meta={"version": self._version}), []
 
     def _get_weights(self, header: Header) -> Reply:
-        names = tuple(f"W{layer}" for layer in range(self.num_layers))
-        return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=names,
-                         meta={"version": self._version}), list(self._versions[self._version]))
+        arrays = _named(self._versions[self._version])
+        return (reply_to(header, Op.WEIGHTS, layer=0, version=self._version, names=tuple(arrays),
+                         meta={"version": self._version}), list(arrays.values()))
 
     def _get_state(self, header: Header) -> Reply | None:
         from dorylus.optim import optimizer_arrays
@@ -560,7 +593,7 @@ class ParameterServer:
         else:
             raise ProtocolError("out_of_range", f"get_state: the state of version {version} is no longer kept "
                                 f"(newest {self._version}, kept {sorted(self._states)})", req=header.req)
-        arrays = {f"W{layer}": w for layer, w in enumerate(weights)}
+        arrays = _named(weights)
         arrays.update(optimizer)
         meta = {"version": version, "epoch": version, "optimizer": self.optimizer_name}
         return (reply_to(header, Op.WEIGHTS, layer=0, version=version, names=tuple(arrays), meta=meta),
@@ -581,22 +614,26 @@ class ParameterServer:
         if len(header.names) != len(tensors):
             raise fail(f"{len(tensors)} tensors but {len(header.names)} names")
         arrays = dict(zip(header.names, tensors))
-        weights = []
-        for layer, shape in enumerate(self.spec.weight_shapes()):
-            w = arrays.pop(f"W{layer}", None)
-            if w is None:
-                raise fail(f"no weights for layer {layer}")
-            if w.shape != shape or w.dtype != np.float32:
-                raise fail(f"layer {layer} weights are {w.dtype}{list(w.shape)}, the model needs "
-                           f"float32{list(shape)}")
-            weights.append(np.array(w))
+        weights: list[dict[str, np.ndarray]] = []
+        for layer, shapes in enumerate(self._shapes):
+            weights.append({})
+            for name, shape in shapes.items():
+                w = arrays.pop(param_key(layer, name), None)
+                if w is None:
+                    raise fail(f"no {param_key(layer, name)} (the model's parameters: "
+                               f"{', '.join(self.spec.named_shapes())})")
+                if w.shape != shape or w.dtype != np.float32:
+                    raise fail(f"{param_key(layer, name)} is {w.dtype}{list(w.shape)}, the model needs "
+                               f"float32{list(shape)}")
+                weights[layer][name] = np.array(w)
         try:
             load_optimizer_arrays(self._optimizer, arrays)  # validates everything before changing anything
         except ValueError as exc:
             raise fail(str(exc)) from None
         with torch.no_grad():
-            for param, w in zip(self._params, weights):
-                param.copy_(torch.from_numpy(w))
+            for params, values in zip(self._params, weights):
+                for name, param in params.items():
+                    param.copy_(torch.from_numpy(values[name]))
         self._version, self._epoch = version, epoch
         self._stepped = set(range(1, epoch + 1))
         self._versions = {version: _frozen(weights)}
@@ -628,6 +665,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after binding, write the actual endpoint into this file (atomically) so that a "
                              "parent process can find the port")
     add_server_arguments(parser, "paramserver")
+    spot.add_argument(parser)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -644,12 +682,14 @@ def run_from_args(args: argparse.Namespace) -> int:
                                f"({args.num_classes}) must be >= 1")
     keys, advertise = server_options(args, "paramserver")
     spec = ModelSpec.from_config(config, args.num_features, args.num_classes)
-    limit = sockets.message_limit(sockets.largest_weight_bytes(spec.weight_shapes()), config.max_message_mb)
+    limit = sockets.message_limit(sockets.largest_weight_bytes(spec.named_shapes().values()), config.max_message_mb)
     server = ParameterServer(spec, config.seed, config.optimizer, config.lr, bind=args.bind,
                              staleness=config.staleness, keys=keys, advertise=advertise, max_message_bytes=limit,
                              config=config.to_dict())
     previous = {sig: signal.signal(sig, lambda *_: server.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     watch = watch_parent(args, server.stop)
+    # No reply carries a notice to the coordinator yet: logged (dorylus.spot) for the operator.
+    watcher = spot.start_from_args(args, lambda notice: None, "paramserver")
     try:
         if args.ready_file:
             atomic_write_text(Path(args.ready_file), server.endpoint + "\n")
@@ -660,6 +700,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     finally:
         if watch is not None:
             watch.set()
+        if watcher is not None:
+            watcher.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()

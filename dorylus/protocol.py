@@ -124,7 +124,7 @@ import zmq
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
-MAX_TENSORS = 64
+MAX_TENSORS = 512  # a whole model's parameters and optimizer state travel in one COMMAND
 MAX_NDIM = 8
 MAX_MESSAGE_CHARS = 1024
 MAX_DOC_BYTES = 512 * 1024  # half of sockets.MIN_LIMIT_BYTES: every receiver takes a document frame
@@ -198,11 +198,32 @@ class Op(str, enum.Enum):
     ERROR = "ERROR"
 
 
-# Task kinds (DESIGN §2). AV_LOSS is a fused last layer: its product, the loss and their backward
-# in one call; LOSS the loss alone (a last layer that projects before its Gather).
-FUNCTION_TASKS = frozenset({"AV", "AE", "AV_BWD", "AE_BWD", "AV_LOSS", "LOSS"})
+# Task kinds (DESIGN §2). The graph server's own tasks are fixed; a function's tasks are its
+# model's (each model's plan names its stages: AV, AV_BWD, LOSS, AV_LOSS, ...; the graph server
+# refuses a PUSH for a stage its plan does not have), so the wire checks only their form.
 SCATTER_TASKS = frozenset({"SC", "SC_BWD"})
-TASK_KINDS = FUNCTION_TASKS | SCATTER_TASKS | {"GA", "GA_BWD"}
+GRAPH_TASKS = SCATTER_TASKS | {"GA", "GA_BWD"}
+_TASK_RE = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+
+
+class _TaskNames:
+    """Task names given by a rule (``in`` tests it): short upper-case identifiers, with or without
+    the graph server's own."""
+
+    def __init__(self, graph_tasks: bool):
+        self.graph_tasks = graph_tasks
+
+    def __contains__(self, task: object) -> bool:
+        return (isinstance(task, str) and _TASK_RE.fullmatch(task) is not None
+                and (self.graph_tasks or task not in GRAPH_TASKS))
+
+    def __repr__(self) -> str:
+        return ("an upper-case task name" if self.graph_tasks
+                else f"a model's task name (upper-case, not {', '.join(sorted(GRAPH_TASKS))})")
+
+
+FUNCTION_TASKS = _TaskNames(graph_tasks=False)
+TASK_KINDS = _TaskNames(graph_tasks=True)
 ROLES = frozenset({"function", "graphserver", "paramserver", "coordinator"})
 
 DTYPES: dict[str, np.dtype] = {
@@ -214,7 +235,7 @@ DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype("?"),
 }
 _FLOAT_NAMES = frozenset({"float32", "float64"})
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_']{0,31}")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.']{0,63}")  # dots: parameters as layers.<l>.<name>
 _CODE_RE = re.compile(r"[a-z_]{1,32}")
 _META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
 _MAX_META = 64
@@ -233,7 +254,7 @@ class Header:
     rows: tuple[int, int] | None = None  # [start, stop) in the receiver's local rows
     version: int | None = None           # weight version
     attempt: int = 0                     # relaunch counter of a function call
-    task: str | None = None              # one of TASK_KINDS
+    task: str | None = None              # in TASK_KINDS
     names: tuple[str, ...] = ()          # tensor names: requested (PULL) or carried
     role: str | None = None              # HELLO: one of ROLES
     code: str | None = None              # ERROR: one of ERROR_CODES
@@ -261,7 +282,7 @@ class _OpSpec:
     row_tensors: bool = False        # every tensor has shape[0] == stop - start
     ndims: tuple[int, ...] = (1, 2)
     floats_only: bool = False
-    tasks: frozenset[str] | None = None
+    tasks: "frozenset[str] | _TaskNames | None" = None
     sparse: bool = False             # names in ``csr`` carry three tensors (see "Sparse rows")
 
 
@@ -339,6 +360,10 @@ def validate_rows(header: Header, num_rows: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- header checks
 
 
+def _allowed(allowed) -> str:
+    return str(sorted(allowed)) if isinstance(allowed, (set, frozenset)) else repr(allowed)
+
+
 def _fail(code: str, message: str, req: int | None) -> None:
     raise ProtocolError(code, message, req=req)
 
@@ -403,7 +428,7 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
     for name, allowed in (("task", TASK_KINDS), ("role", ROLES)):
         if d.get(name) is not None:
             if not isinstance(d[name], str) or d[name] not in allowed:
-                _fail("bad_field", f"{name} {d[name]!r:.40} not one of {sorted(allowed)}", req)
+                _fail("bad_field", f"{name} {d[name]!r:.40} not one of {_allowed(allowed)}", req)
             kw[name] = d[name]
     if d.get("code") is not None:
         if not isinstance(d["code"], str) or not _CODE_RE.fullmatch(d["code"]):
@@ -431,7 +456,7 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
         if getattr(header, name) in (None, ()):
             _fail("missing_field", f"{op.value} requires field {name!r}", req)
     if spec.tasks is not None and header.task not in spec.tasks:
-        _fail("bad_field", f"{op.value} task must be one of {sorted(spec.tasks)}, got {header.task!r}", req)
+        _fail("bad_field", f"{op.value} task must be one of {_allowed(spec.tasks)}, got {header.task!r}", req)
     if header.csr and not spec.sparse:
         _fail("bad_sparse", f"{op.value} cannot carry CSR rows (csr is for ROWS)", req)
 

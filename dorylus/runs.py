@@ -39,7 +39,9 @@ def default_run_dir(dataset: str, backend: str) -> Path:
     return Path("runs") / f"{stamp}-{Path(dataset).stem}-{backend}"
 
 
-CHECKPOINT_FORMAT = 1
+# 2: named parameters (``layers.<l>.<name>``, biases included) and optimizer state named after them.
+# 1 (before): one weight matrix per layer, no biases; refused on resume (see load_checkpoint).
+CHECKPOINT_FORMAT = 2
 
 
 def check_creatable_dir(path: str | Path, what: str) -> None:
@@ -135,14 +137,14 @@ class Checkpoint:
     """
 
     epoch: int
-    weights: list[np.ndarray]
-    optimizer: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]      # ``layers.<l>.<name>`` -> array (dorylus.models.base.param_key)
+    optimizer: dict[str, np.ndarray]   # ``<parameter>.<kind>`` -> array (dorylus.optim)
     identity: dict[str, str | None]
 
     def to_dict(self) -> dict[str, Any]:
         import torch
 
-        return {"epoch": self.epoch, "weights": [torch.from_numpy(np.array(w)) for w in self.weights],
+        return {"epoch": self.epoch, "params": {k: torch.from_numpy(np.array(v)) for k, v in self.params.items()},
                 "optimizer": {k: torch.from_numpy(np.array(v)) for k, v in self.optimizer.items()},
                 "identity": dict(self.identity)}
 
@@ -157,13 +159,25 @@ def load_checkpoint(run_dir: str | Path) -> tuple[dict[str, Any], Checkpoint]:
         raise ConfigError(f"{path} does not exist: the run never reached a checkpoint, nothing to resume")
     try:
         saved = torch.load(path, weights_only=True)
+    except Exception as exc:  # torch.load raises many kinds on a corrupt file
+        raise ConfigError(f"{path} is not a readable Dorylus checkpoint ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})") from None
+    if isinstance(saved, dict) and saved.get("format") == 1:
+        # Format 1 held one matrix per layer (W0, W1, ...: GAT's and SAGE's stacked) and no
+        # biases. Its models are not this version's (every layer now has a bias), so no
+        # conversion continues that run as it would have gone: refused, with what to do.
+        raise ConfigError(f"{path} was written by an older dorylus (checkpoint format 1: one weight matrix per "
+                          "layer, no biases); this version's models have named parameters and biases, so that run "
+                          "cannot be resumed here. Start a new run, or resume it with the dorylus release that "
+                          "wrote it")
+    try:
         if saved.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"format {saved.get('format')!r}, expected {CHECKPOINT_FORMAT}")
-        checkpoint = Checkpoint(epoch=int(saved["epoch"]), weights=[w.numpy() for w in saved["weights"]],
+        checkpoint = Checkpoint(epoch=int(saved["epoch"]), params={k: v.numpy() for k, v in saved["params"].items()},
                                 optimizer={k: v.numpy() for k, v in saved["optimizer"].items()},
                                 identity=dict(saved["identity"]))
         return dict(saved["config"]), checkpoint
-    except Exception as exc:  # torch.load raises many kinds on a corrupt file
+    except Exception as exc:  # a field missing or of the wrong kind
         raise ConfigError(f"{path} is not a readable Dorylus checkpoint ({type(exc).__name__}: "
                           f"{str(exc)[:200]})") from None
 

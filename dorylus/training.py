@@ -61,8 +61,8 @@ class ReferenceTrainer:
         self.labels = torch.from_numpy(data.labels)
         self.masks = {name: torch.from_numpy(getattr(data, f"{name}_mask")) for name in ("train", "val", "test")}
         self.model = ReferenceModel(self.spec, config.seed)
-        self.optimizer = build_optimizer(list(self.model.weights), config.optimizer, config.lr,
-                                         [layer.weight_decay for layer in self.spec.layers])
+        self.optimizer = build_optimizer(dict(self.model.named_parameters()), config.optimizer, config.lr,
+                                         self.spec.weight_decays())
         # One machine of the graph-server type, so that backends compare in dollars too.
         self.pricing = Pricing.of_run(config, parts=None)
 
@@ -90,19 +90,22 @@ class ReferenceTrainer:
         logits = self.model(self.graph, self.features, epoch, training=False)
         return {f"{name}_acc": accuracy(logits, self.labels, mask) for name, mask in self.masks.items()}
 
-    def state(self, epoch: int) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-        """Weights and optimizer state after ``epoch`` (the latest step) (see :mod:`dorylus.optim`), copies."""
-        return [w.detach().numpy().copy() for w in self.model.weights], optimizer_arrays(self.optimizer)
+    def state(self, epoch: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Parameters (``layers.<l>.<name>``) and optimizer state after ``epoch`` (the latest
+        step) (see :mod:`dorylus.optim`), copies."""
+        return ({name: p.detach().numpy().copy() for name, p in self.model.named_parameters()},
+                optimizer_arrays(self.optimizer))
 
-    def restore(self, weights: list[np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
-        shapes = [tuple(w.shape) for w in self.model.weights]
-        if [tuple(np.shape(w)) for w in weights] != shapes:
-            raise ConfigError(f"checkpoint weights have shapes {[tuple(np.shape(w)) for w in weights]}, "
-                              f"the model needs {shapes}")
+    def restore(self, params: dict[str, np.ndarray], optimizer: dict[str, np.ndarray], epoch: int) -> None:
+        ours = dict(self.model.named_parameters())
+        shapes = {name: tuple(p.shape) for name, p in ours.items()}
+        if {name: tuple(np.shape(w)) for name, w in params.items()} != shapes:
+            raise ConfigError(f"checkpoint parameters {({n: tuple(np.shape(w)) for n, w in params.items()})} do not "
+                              f"fit the model's {shapes}")
         load_optimizer_arrays(self.optimizer, optimizer)
         with torch.no_grad():
-            for param, w in zip(self.model.weights, weights):
-                param.copy_(torch.from_numpy(np.array(w)))
+            for name, w in params.items():
+                ours[name].copy_(torch.from_numpy(np.array(w)))
 
 
 def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -362,7 +365,7 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
     command that resumes the run."""
     first = 1
     if resume is not None:
-        trainer.restore(resume.weights, resume.optimizer, resume.epoch)
+        trainer.restore(resume.params, resume.optimizer, resume.epoch)
         first = resume.epoch + 1
     latest, saved = resume, resume.epoch if resume is not None else 0
     bar = EpochProgress(config.epochs, progress)

@@ -59,7 +59,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from dorylus import curve, protocol, sockets
+from dorylus import curve, protocol, sockets, spot
 from dorylus.config import TrainConfig, load_config_file, server_view
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
@@ -142,7 +142,7 @@ class GraphServer:
         # What this server receives at most in one frame: rows of one of its buffers (PUSH,
         # GHOSTS), or a weight matrix (WEIGHTS, cpu backend).
         largest = max([b.nbytes for b in self.state.buffers.values()]
-                      + [sockets.largest_weight_bytes(self.spec.weight_shapes())])
+                      + [sockets.largest_weight_bytes(self.spec.named_shapes().values())])
         self.max_message_bytes = sockets.message_limit(largest, config.max_message_mb)
         self.param_server = param_server
         self.param_server_advertised = param_server  # the address functions dial; the server's own word at connect
@@ -172,6 +172,9 @@ class GraphServer:
         self.scheduler = None
         self.training: asyncio.Task | None = None
         self.failure: str | None = None
+        # The last spot/termination notice of this machine (dorylus.spot, --spot-watch), passed to
+        # the coordinator in every progress reply so that it checkpoints at once.
+        self.interruption: str | None = None
         self.in_flight: dict[str, float] = {}  # function calls running: description -> start (monotonic)
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
@@ -495,7 +498,8 @@ class GraphServer:
             count = protocol.take_fitting(self.reports)
             reports, self.reports = self.reports[:count], self.reports[count:]
             done = self.training is not None and self.training.done()
-            reply = protocol.reply_to(header, Op.ACK, meta={"done": done, "more": bool(self.reports)}, doc=reports)
+            reply = protocol.reply_to(header, Op.ACK, meta={"done": done, "more": bool(self.reports),
+                                                                 "interruption": self.interruption}, doc=reports)
             await self._reply(identity, reply)
         else:
             raise ProtocolError("bad_command", f"unknown command {command!r:.40}", req=header.req)
@@ -583,6 +587,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", help="AWS region of the function (default: AWS_REGION / AWS_DEFAULT_REGION; in "
                                          "cluster mode the cluster file's)")
     add_server_arguments(parser, "graphserver")
+    spot.add_argument(parser)
     parser.add_argument("--threads", type=int, help="threads for Gather (default: torch's, all cores); local mode "
                                                     "gives each of P servers its share so they do not oversubscribe")
 
@@ -609,11 +614,15 @@ def run_from_args(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stopping.set)
         watch = watch_parent(args, lambda: loop.call_soon_threadsafe(server.stopping.set))
+        watcher = spot.start_from_args(args, lambda notice: loop.call_soon_threadsafe(
+            setattr, server, "interruption", notice.describe()), f"graph server {args.part}")
         try:
             await server.serve(args.bind, args.ready_file)
         finally:
             if watch is not None:
                 watch.set()
+            if watcher is not None:
+                watcher.stop()
 
     asyncio.run(main())
     return 0

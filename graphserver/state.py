@@ -117,10 +117,11 @@ class PartitionState:
 
     # ------------------------------------------------------------------ the model's stages
 
-    def compute(self, model, task: str, layer: int, rows: list, w: np.ndarray | None, args: dict) -> Result:
-        """``model.compute`` on rows of this state (see :meth:`interval_rows`); ``w`` and the
-        result's ``grad_w`` are numpy, as the parameter server has them."""
-        return model.compute(task, layer, rows, w, args)
+    def compute(self, model, task: str, layer: int, rows: list, params: dict[str, np.ndarray] | None,
+                args: dict) -> Result:
+        """``model.compute`` on rows of this state (see :meth:`interval_rows`); ``params`` (the
+        layer's, by name) and the result's ``grads`` are numpy, as the parameter server has them."""
+        return model.compute(task, layer, rows, params, args)
 
     def interval_rows(self, name: str, interval: int):
         a, b = self.intervals[interval]

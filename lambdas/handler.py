@@ -6,7 +6,8 @@ weights, runs the model's ``compute`` (:mod:`dorylus.models`), pushes the result
 a small summary. It knows no model: the event names what to pull and push.
 
 Event keys: ``model``; the stage: ``task``, ``layer``, ``reads`` and ``writes`` (buffer
-names), ``weights`` (``pin`` | ``stash`` | ``newest`` | null), ``grad`` (push ``dW``),
+names), ``weights`` (``pin`` | ``stash`` | ``newest`` | null: pull the layer's named
+parameters), ``grad`` (push the gradient of each of them),
 ``args`` (the model's, plus seed, epoch, training, train_count); where: ``graph_server`` and
 ``param_server`` (ZeroMQ endpoints), ``part``, ``interval``, ``rows`` ([start, stop) of the
 graph server's owned rows); when: ``epoch``, ``pass`` (``train`` | ``eval``), ``attempt``; and
@@ -173,15 +174,17 @@ def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, An
     weights = params.send(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=part,
                                  meta={"weights": event["weights"]})) if event.get("weights") else None
     rows = rows()
-    w, meta = None, {}
+    layer_params, meta = None, {}
     if weights is not None:
-        reply, (w,) = weights.reply()
+        reply, tensors = weights.reply()
+        layer_params = dict(zip(reply.names, tensors))
         meta = {"version": reply.version, "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
-    result = model.compute(event["task"], layer, rows, w, event["args"])
+    result = model.compute(event["task"], layer, rows, layer_params, event["args"])
     grads = None
-    if event.get("grad") and result.grad_w is not None:
+    if event.get("grad") and result.grads is not None:
         grads = params.send(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, part=part,
-                                   version=meta["version"], attempt=int(event.get("attempt", 0))), [result.grad_w])
+                                   version=meta["version"], attempt=int(event.get("attempt", 0)),
+                                   names=tuple(result.grads)), list(result.grads.values()))
     meta.update(result.meta)
     pushed = graph.send(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
     if grads is not None:

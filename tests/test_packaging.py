@@ -243,8 +243,8 @@ class FakeServers:
     """One ROUTER standing in for both the graph server and the parameter server; records the
     tensors of every PUSH and PUSH_GRADS, per run token."""
 
-    def __init__(self, buffers: dict[str, np.ndarray], weights: list[np.ndarray]):
-        self.buffers, self.weights = buffers, weights
+    def __init__(self, buffers: dict[str, np.ndarray], params: list[dict[str, np.ndarray]]):
+        self.buffers, self.layer_params = buffers, params
         self.pushed: dict[str, list[np.ndarray]] = {}
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.ROUTER)
@@ -266,8 +266,10 @@ class FakeServers:
                     start, stop = header.rows
                     reply, out = protocol.reply_to(header, Op.ROWS), [self.buffers[n][start:stop] for n in header.names]
                 elif header.op is Op.PULL_WEIGHTS:
-                    reply = protocol.reply_to(header, Op.WEIGHTS, version=1, meta={"newest": 1})
-                    out = [self.weights[header.layer]]
+                    layer_params = self.layer_params[header.layer]
+                    reply = protocol.reply_to(header, Op.WEIGHTS, version=1, names=tuple(layer_params),
+                                              meta={"newest": 1})
+                    out = list(layer_params.values())
                 else:
                     key = "grads" if header.op is Op.PUSH_GRADS else "rows"
                     self.pushed.setdefault(key, []).extend(np.array(t) for t in tensors)
@@ -326,7 +328,7 @@ def test_bundle_runs_the_handler_alone(real_bundle):
                "ids": np.arange(rows, dtype=np.int64), "labels": rng.integers(0, classes, rows).astype(np.int64),
                "split": np.ones(rows, np.uint8),
                **{n: rng.standard_normal((rows, w)).astype(np.float32) for n, w in plan.widths.items()}}
-    servers = FakeServers(buffers, spec.init_weights(0))
+    servers = FakeServers(buffers, spec.init_params(0))
     try:
         event = {"model": "gcn", "task": stage.task, "layer": stage.layer, "reads": list(stage.reads),
                  "writes": list(stage.writes), "weights": stage.weights, "grad": True,

@@ -1,5 +1,5 @@
-"""Parameter server over real sockets: init, pull/push/step against torch.optim, order independence,
-duplicates, the weight stash (pin / stash / newest, pins released by their epoch's step), the
+"""Parameter server over real sockets: named parameters per layer (validated pushes), init,
+pull/push/step against torch.optim, order independence, duplicates, the weight stash (pin / stash / newest, pins released by their epoch's step), the
 self-stepping server (configure), deferred replies (wait_version, get_state of a future version),
 past states, bad messages, checkpoints, and the CLI as a subprocess."""
 
@@ -20,6 +20,7 @@ import zmq
 
 from dorylus import protocol as P
 from dorylus.config import TrainConfig
+from dorylus.models.base import param_key
 from dorylus.models.spec import ModelSpec
 from dorylus.paramserver import KEPT_STATES, ParameterServer, ParamServerError
 from dorylus.protocol import Header, Op
@@ -37,6 +38,22 @@ def _spec(hidden: int = 4, **overrides) -> ModelSpec:
 
 
 SPEC = _spec()
+NAMES = ("weight", "bias")  # GCN's parameters per layer, in its order
+
+
+def _flat(params: dict[str, np.ndarray]) -> np.ndarray:
+    """A layer's parameters as one vector (in the model's order): what the tests compare, and
+    element-wise arithmetic on it is each parameter's."""
+    return np.concatenate([np.asarray(params[name]).ravel() for name in params])
+
+
+def _layers(arrays: dict[str, np.ndarray], spec: ModelSpec = SPEC) -> list[np.ndarray]:
+    """Per layer, :func:`_flat` of the ``layers.<l>.<name>`` entries of ``arrays``."""
+    return [_flat({name: arrays[param_key(l, name)] for name in shapes}) for l, shapes in enumerate(spec.param_shapes())]
+
+
+def _init(spec: ModelSpec = SPEC, seed: int = SEED) -> list[np.ndarray]:
+    return [_flat(params) for params in spec.init_params(seed)]
 
 
 class Client:
@@ -93,18 +110,19 @@ class Client:
 
     def fetch(self, layer: int, epoch: int, interval: int, weights: str | None = None, version: int | None = None,
               part: int = 0, **meta) -> tuple[Header, np.ndarray]:
-        """PULL_WEIGHTS with ``meta["weights"] = weights`` (omitted when None); the reply and W."""
+        """PULL_WEIGHTS with ``meta["weights"] = weights`` (omitted when None); the reply and the
+        layer's parameters (:func:`_flat`), which come by name, in the model's order."""
         if weights is not None:
             meta["weights"] = weights
-        reply, (w,) = self.ok(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval,
-                                     version=version, part=part, meta=meta))
-        assert reply.op == Op.WEIGHTS and reply.layer == layer
-        return reply, w
+        reply, tensors = self.ok(Header(Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval,
+                                        version=version, part=part, meta=meta))
+        assert reply.op == Op.WEIGHTS and reply.layer == layer and reply.names == NAMES
+        return reply, _flat(dict(zip(reply.names, tensors)))
 
-    def push(self, layer: int, epoch: int, interval: int, grad: np.ndarray, part: int = 0, version: int = 0,
-             attempt: int = 0) -> bool:
+    def push(self, layer: int, epoch: int, interval: int, grads: dict[str, np.ndarray], part: int = 0,
+             version: int = 0, attempt: int = 0) -> bool:
         reply, _ = self.ok(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval, version=version,
-                                  attempt=attempt, meta={"part": part}), [grad])
+                                  attempt=attempt, names=tuple(grads), meta={"part": part}), list(grads.values()))
         assert reply.op == Op.ACK
         return reply.meta["duplicate"]
 
@@ -112,9 +130,11 @@ class Client:
         return self.request(Header(Op.COMMAND, meta={"command": name, **meta}))
 
     def weights(self) -> list[np.ndarray]:
+        """Every layer's parameters (:func:`_flat`), from get_weights."""
         reply, out = self.ok(Header(Op.COMMAND, meta={"command": "get_weights"}))
-        assert reply.op == Op.WEIGHTS and reply.names == ("W0", "W1")
-        return out
+        assert reply.op == Op.WEIGHTS and reply.names == tuple(param_key(l, n) for l in range(2) for n in NAMES)
+        assert all(t.dtype == np.float32 for t in out)
+        return _layers(dict(zip(reply.names, out)))
 
     def stats(self) -> dict:
         reply, _ = self.ok(Header(Op.STATS))
@@ -156,17 +176,26 @@ def cluster(ctx):
 
 
 def _grads(rng: np.random.Generator, parts: int, intervals: int, spec: ModelSpec = SPEC):
-    """``{(part, interval): [dW_0, dW_1]}``: one contribution per function call."""
-    return {(p, i): [rng.standard_normal((l.in_dim, l.out_dim)).astype(np.float32) for l in spec.layers]
+    """``{(part, interval): [{name: gradient} of layer 0, of layer 1]}``: one contribution per function call."""
+    return {(p, i): [{name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+                     for shapes in spec.param_shapes()]
             for p in range(parts) for i in range(intervals)}
 
 
+def _summed_named(contributions: dict, layer: int) -> dict[str, np.ndarray]:
+    """The documented reduction, per parameter: float64 accumulation in sorted (part, interval)
+    order, one rounding."""
+    totals = {}
+    for name, first in contributions[min(contributions)][layer].items():
+        total = np.zeros_like(first, dtype=np.float64)
+        for key in sorted(contributions):
+            total += contributions[key][layer][name]
+        totals[name] = total.astype(np.float32)
+    return totals
+
+
 def _summed(contributions: dict, layer: int) -> np.ndarray:
-    """The documented reduction: float64 accumulation in sorted (part, interval) order, one rounding."""
-    total = np.zeros_like(contributions[min(contributions)][layer], dtype=np.float64)
-    for key in sorted(contributions):
-        total += contributions[key][layer]
-    return total.astype(np.float32)
+    return _flat(_summed_named(contributions, layer))
 
 
 def _push_epoch(client: Client, epoch: int, contributions: dict, order=None) -> None:
@@ -182,7 +211,7 @@ def test_hello_and_initial_weights(cluster):
     server, client = cluster()
     reply, _ = client.ok(Header(Op.HELLO, role="coordinator"))
     assert reply.op == Op.READY and reply.meta["num_layers"] == 2 and reply.meta["version"] == 0
-    expected = SPEC.init_weights(SEED)
+    expected = _init()
     for got, want in zip(client.weights(), expected):
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want)
@@ -196,8 +225,11 @@ def test_hello_and_initial_weights(cluster):
 def test_steps_equal_torch_optimizer_on_summed_gradients(cluster, optimizer):
     """Three epochs over 2 parts x 3 intervals equal torch.optim on the summed gradient per epoch."""
     server, client = cluster(optimizer=optimizer, lr=0.05)
-    params = [torch.tensor(w, requires_grad=True) for w in SPEC.init_weights(SEED)]
-    groups = [{"params": [p], "weight_decay": layer.weight_decay} for p, layer in zip(params, SPEC.layers)]
+    params = [{name: torch.tensor(w, requires_grad=True) for name, w in layer.items()}
+              for layer in SPEC.init_params(SEED)]
+    # every parameter its own group, with its layer's decay (biases included)
+    groups = [{"params": [p], "weight_decay": layer.weight_decay} for layer_params, layer in zip(params, SPEC.layers)
+              for p in layer_params.values()]
     oracle = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(groups, lr=0.05)
     assert SPEC.layers[0].weight_decay > 0 and SPEC.layers[1].weight_decay == 0
 
@@ -208,18 +240,21 @@ def test_steps_equal_torch_optimizer_on_summed_gradients(cluster, optimizer):
             for layer in range(2):
                 version, w = client.pull(layer, epoch, interval, part=part)
                 assert version == epoch - 1
-                np.testing.assert_allclose(w, params[layer].detach().numpy(), rtol=1e-6, atol=1e-7)
+                want = _flat({name: p.detach().numpy() for name, p in params[layer].items()})
+                np.testing.assert_allclose(w, want, rtol=1e-6, atol=1e-7)
         _push_epoch(client, epoch, contributions)
         reply, _ = client.command("step", epoch=epoch, expected=6)
         assert reply.op == Op.ACK and reply.meta == {"version": epoch, "grads": 12}
 
-        for layer, p in enumerate(params):
-            p.grad = torch.from_numpy(_summed(contributions, layer))
+        for layer, layer_params in enumerate(params):
+            for name, grad in _summed_named(contributions, layer).items():
+                layer_params[name].grad = torch.from_numpy(grad)
         oracle.step()
         for got, want in zip(client.weights(), params):
-            np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(got, _flat({n: p.detach().numpy() for n, p in want.items()}), rtol=1e-6,
+                                       atol=1e-7)
     stats = client.stats()
-    assert (stats["steps"], stats["pushes"], stats["pulls"], stats["version"]) == (3, 36, 36, 3)
+    assert (stats["steps"], stats["pushes"], stats["pulls"], stats["version"]) == (3, 36, 36, 3)  # a push per layer
     assert stats["pending_grads"] == 0 and stats["pinned"] == 0 and stats["stashed_versions"] == 1
     assert stats["bytes_in"] > 36 * SPEC.layers[0].in_dim * 4 and stats["bytes_out"] > 0
 
@@ -229,11 +264,11 @@ def test_arrival_order_does_not_change_the_result(cluster):
     rng = np.random.default_rng(2)
     contributions = _grads(rng, parts=2, intervals=2)
     for key, value in {(0, 0): 2.0**60, (0, 1): 1.0, (1, 0): -(2.0**60)}.items():
-        contributions[key][1][0, 0] = value
-    contributions[(1, 1)][1][0, 0] = 0.0
+        contributions[key][1]["weight"][0, 0] = value
+    contributions[(1, 1)][1]["weight"][0, 0] = 0.0
     order_a = sorted(contributions)
     order_b = [(0, 0), (1, 0), (0, 1), (1, 1)]
-    naive = [sum(np.float64(contributions[k][1][0, 0]) for k in order) for order in (order_a, order_b)]
+    naive = [sum(np.float64(contributions[k][1]["weight"][0, 0]) for k in order) for order in (order_a, order_b)]
     assert naive[0] != naive[1]  # the orders really do disagree when summed as they arrive
 
     results = []
@@ -258,7 +293,7 @@ def test_duplicate_and_late_pushes_are_acked_and_dropped(cluster):
         assert client.push(layer, 1, 1, retry[(0, 1)][layer]) is True
     reply, _ = client.command("step", epoch=1, expected=2)
     assert reply.meta["grads"] == 4
-    init = SPEC.init_weights(SEED)
+    init = _init()
     for layer, got in enumerate(client.weights()):
         decay = np.float32(SPEC.layers[layer].weight_decay)
         want = init[layer] - np.float32(0.5) * (_summed(first, layer) + decay * init[layer])
@@ -291,7 +326,7 @@ def test_stash_returns_the_forward_pin_after_newer_steps(cluster):
     version 0, a relaunched forward gets version 0 too, newest gets version 2 and pins nothing.
     (A forward of epoch 3 with version 0 is what async mode with staleness 2 does.)"""
     _, client = cluster(staleness=2)
-    init = SPEC.init_weights(SEED)
+    init = _init()
     rng = np.random.default_rng(4)
     # a backward whose forward never pinned: out_of_range, nothing pinned by the failure
     _expect_error(client, Header(Op.PULL_WEIGHTS, layer=0, epoch=3, interval=0, meta={"weights": "stash"}),
@@ -349,7 +384,7 @@ def test_pins_are_released_when_their_epoch_is_stepped(cluster):
     """The gradient push no longer releases a pin: a relaunched backward may pull the stash until
     the epoch's step, which releases that epoch's pins (not later epochs') and frees the version."""
     _, client = cluster()
-    init = SPEC.init_weights(SEED)
+    init = _init()
     rng = np.random.default_rng(5)
     g1, g2 = _grads(rng, 1, 2), _grads(rng, 1, 2)
     for (_, interval) in g1:  # forwards of epoch 1 and (pipelined) epoch 2 pin version 0
@@ -570,13 +605,13 @@ def test_get_state_of_a_past_version_is_the_state_right_after_that_step(cluster)
         _step(client, epoch, _grads(rng, 1, 2))
         seen[epoch] = _get_state(client)
         assert seen[epoch][0] == {"version": epoch, "epoch": epoch, "optimizer": "adam"}
-        assert seen[epoch][1]["step_0"].tolist() == [float(epoch)]
+        assert seen[epoch][1]["layers.0.weight.step"].tolist() == [float(epoch)]
     assert client.stats()["pinned"] == 0  # no pin keeps the old weights: the state must keep them
     for version in (3, 2, 1):
         meta, arrays = _get_state(client, version=version)
         assert meta == {"version": version, "epoch": version, "optimizer": "adam"}
         _assert_same_state(arrays, seen[version][1])
-    assert not np.allclose(seen[1][1]["W0"], seen[3][1]["W0"])  # the versions do differ
+    assert not np.allclose(seen[1][1]["layers.0.weight"], seen[3][1]["layers.0.weight"])  # the versions do differ
 
 
 def test_get_state_of_a_future_version_is_deferred_until_its_step(cluster):
@@ -592,7 +627,7 @@ def test_get_state_of_a_future_version_is_deferred_until_its_step(cluster):
     reply, tensors = waiter.answer(req)
     assert reply.op == Op.WEIGHTS and reply.meta == {"version": 2, "epoch": 2, "optimizer": "adam"}
     got = {name: np.array(t) for name, t in zip(reply.names, tensors)}
-    assert got["step_0"].tolist() == [2.0]
+    assert got["layers.0.bias.step"].tolist() == [2.0]
     _assert_same_state(got, _get_state(client)[1])  # the newest state: nothing stepped since
 
 
@@ -613,17 +648,23 @@ def test_get_state_of_a_version_too_old_is_out_of_range(cluster):
 
 def test_bad_messages_get_errors_and_the_server_keeps_serving(cluster):
     server, client = cluster()
-    w0 = SPEC.init_weights(SEED)[0]
-    push = dict(layer=0, epoch=1, interval=0, version=0)
+    w0, b0 = (SPEC.init_params(SEED)[0][name] for name in NAMES)
+    push = dict(layer=0, epoch=1, interval=0, version=0, names=NAMES)
     nan = np.zeros_like(w0)
     nan[1, 2] = np.nan
     cases = [
-        (Header(Op.PUSH_GRADS, **push), [np.zeros((F + 1, 4), np.float32)], "bad_shape", "shape [6, 4]"),
-        (Header(Op.PUSH_GRADS, **push), [w0.astype(np.float64)], "bad_dtype", "float64"),
-        (Header(Op.PUSH_GRADS, **push), [nan], "not_finite", "NaN"),
-        (Header(Op.PUSH_GRADS, **push), [w0, w0], "tensor_count", "one gradient"),
-        (Header(Op.PUSH_GRADS, layer=0, epoch=1, interval=0, version=3), [w0], "out_of_range", "version 3"),
-        (Header(Op.PUSH_GRADS, **{**push, "layer": 2}), [np.zeros((4, C), np.float32)], "out_of_range", "layer 2"),
+        (Header(Op.PUSH_GRADS, **push), [np.zeros((F + 1, 4), np.float32), b0], "bad_shape",
+         "layer 0 weight has shape [6, 4], the parameter is [5, 4]"),
+        (Header(Op.PUSH_GRADS, **push), [w0, np.zeros(3, np.float32)], "bad_shape", "bias has shape [3]"),
+        (Header(Op.PUSH_GRADS, **push), [w0.astype(np.float64), b0], "bad_dtype", "float64"),
+        (Header(Op.PUSH_GRADS, **push), [nan, b0], "not_finite", "NaN"),
+        (Header(Op.PUSH_GRADS, **push), [w0, b0, b0], "tensor_count", "names 2 gradients but carries 3"),
+        (Header(Op.PUSH_GRADS, **{**push, "names": ("weight",)}), [w0], "bad_field", "missing ['bias']"),
+        (Header(Op.PUSH_GRADS, **{**push, "names": ("weight", "bias", "gamma")}), [w0, b0, b0], "bad_field",
+         "unknown ['gamma']"),
+        (Header(Op.PUSH_GRADS, **{**push, "version": 3}), [w0, b0], "out_of_range", "version 3"),
+        (Header(Op.PUSH_GRADS, **{**push, "layer": 2}), [np.zeros((4, C), np.float32), b0], "out_of_range",
+         "layer 2"),
         (Header(Op.PULL_WEIGHTS, layer=9, epoch=1, interval=0), [], "out_of_range", "layer 9"),
         (Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, part=1, meta={"part": 2}), [], "bad_field", "part"),
         (Header(Op.PULL_WEIGHTS, layer=0, epoch=1, interval=0, meta={"weights": "latest"}), [], "bad_field",
@@ -693,18 +734,20 @@ def test_get_state_then_set_state_continues_as_if_never_interrupted(cluster):
     client.ok(Header(Op.COMMAND, meta={"command": "step", "epoch": 1}))
     meta, saved = _get_state(client)
     assert meta == {"version": 1, "epoch": 1, "optimizer": "adam"}
-    assert sorted(saved) == ["W0", "W1", "exp_avg_0", "exp_avg_1", "exp_avg_sq_0", "exp_avg_sq_1", "step_0", "step_1"]
-    assert saved["step_0"].tolist() == [1.0]
+    params = [param_key(l, n) for l in range(2) for n in NAMES]
+    assert sorted(saved) == sorted(params + [f"{p}.{kind}" for p in params for kind in ("exp_avg", "exp_avg_sq",
+                                                                                      "step")])
+    assert saved["layers.0.weight.step"].tolist() == [1.0]
 
     _push_epoch(client, 2, epochs[2])
     client.ok(Header(Op.COMMAND, meta={"command": "step", "epoch": 2}))
     after_step_2 = client.weights()
-    assert not np.allclose(after_step_2[0], saved["W0"])
+    assert not np.allclose(after_step_2[0], _layers(saved)[0])
 
     # a fresh server (a restarted role) restored from the state replays epoch 2 to the same weights
     _, restored = cluster()
     assert _set_state(restored, meta, saved).meta == {"version": 1, "epoch": 1}
-    for a, b in zip(restored.weights(), (saved["W0"], saved["W1"])):
+    for a, b in zip(restored.weights(), _layers(saved)):
         np.testing.assert_array_equal(a, b)  # copied, not computed
     _push_epoch(restored, 2, epochs[2])
     assert restored.command("step", epoch=2)[0].meta["version"] == 2
@@ -725,20 +768,23 @@ def test_bad_states_get_clear_errors_and_change_nothing(cluster):
     wide_meta, wide_state = _get_state(wide)
     sgd_meta, sgd_state = _get_state(sgd)
     for state_meta, arrays, words in [
-        (wide_meta, wide_state, "layer 0 weights are float32[5, 6], the model needs float32[5, 4]"),
+        (wide_meta, wide_state, "layers.0.weight is float32[5, 6], the model needs float32[5, 4]"),
         (sgd_meta, sgd_state, "state of optimizer 'sgd', this server runs 'adam'"),
-        (meta, {k: v for k, v in good.items() if k != "W1"}, "no weights for layer 1"),
-        (meta, {**good, "exp_avg_0": good["exp_avg_0"][:2]}, "exp_avg_0 has shape [2, 4], parameter 0 has [5, 4]"),
-        (meta, {**good, "exp_avg_7": good["exp_avg_0"]}, "'exp_avg_7' names no parameter"),
-        (meta, {**good, "step_0": np.array([-1.0])}, "step_0 must be one step count >= 0"),
+        (meta, {k: v for k, v in good.items() if k != "layers.1.bias"}, "no layers.1.bias"),
+        (meta, {**good, "layers.0.weight.exp_avg": good["layers.0.weight.exp_avg"][:2]},
+         "layers.0.weight.exp_avg has shape [2, 4], parameter layers.0.weight has [5, 4]"),
+        (meta, {**good, "layers.7.weight.exp_avg": good["layers.0.weight.exp_avg"]},
+         "'layers.7.weight.exp_avg' names no parameter"),
+        (meta, {**good, "W0": good["layers.0.weight"]}, "'W0' names no parameter"),  # an older dorylus's name
+        (meta, {**good, "layers.0.bias.step": np.array([-1.0])}, "layers.0.bias.step must be one step count >= 0"),
     ]:
         reply = _set_state(client, state_meta, arrays)
         assert (reply.op, reply.code) == (Op.ERROR, "bad_state") and words in reply.message, reply.message
-    reply, _ = client.request(Header(Op.COMMAND, meta={"command": "step", "epoch": 2}), [good["W0"]])
+    reply, _ = client.request(Header(Op.COMMAND, meta={"command": "step", "epoch": 2}), [good["layers.0.weight"]])
     assert (reply.op, reply.code) == (Op.ERROR, "tensor_count")
     for a, b in zip(client.weights(), before):
         np.testing.assert_array_equal(a, b)
-    assert _get_state(client)[1]["step_0"].tolist() == [1.0]
+    assert _get_state(client)[1]["layers.0.weight.step"].tolist() == [1.0]
 
 
 # ----------------------------------------------------------------------------- lifecycle and CLI
@@ -784,7 +830,7 @@ def test_cli_subprocess_ready_file_hello_and_sigterm(ctx, tmp_path):
         assert reply.meta == {"num_layers": 2, "version": 0, "optimizer": "sgd", "endpoint": endpoint,
                               "max_message_bytes": 1 << 20, "fresh": True}
         cfg = TrainConfig(layers=2, hidden=4, seed=3)
-        for got, want in zip(client.weights(), ModelSpec.from_config(cfg, F, C).init_weights(3)):
+        for got, want in zip(client.weights(), _init(ModelSpec.from_config(cfg, F, C), 3)):
             np.testing.assert_array_equal(got, want)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT)

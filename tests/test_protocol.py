@@ -265,7 +265,7 @@ def test_valid_push_dict_decodes():
     (_wire(_push_dict(req=2**63), _H3), "bad_field"),
     (_wire(_push_dict(rows=[4]), _H3), "bad_field"),
     (_wire(_push_dict(rows="4:7"), _H3), "bad_field"),
-    (_wire(_push_dict(task="ZZ"), _H3), "bad_field"),
+    (_wire(_push_dict(task="zz"), _H3), "bad_field"),  # a model's task names are upper-case identifiers
     (_wire(_push_dict(task="SC"), _H3), "bad_field"),  # a scatter task in a function PUSH
     (_wire(_push_dict(names=["H", "H"], t=[["float32", [3, 2]]] * 2), _H3, _H3), "bad_field"),
     (_wire(_push_dict(names=["not a name"]), _H3), "bad_field"),

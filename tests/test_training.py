@@ -31,7 +31,22 @@ def test_run_directory_contents(tmp_path):
     assert summary["final_loss"] == metrics[-1]["loss"]
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=False)
     assert checkpoint["config"] == config.to_dict() and checkpoint["epoch"] == 4
-    assert [tuple(w.shape) for w in checkpoint["weights"]] == [(5, 4), (4, 3)]
+    assert checkpoint["format"] == 2
+    assert {name: tuple(w.shape) for name, w in checkpoint["params"].items()} == {
+        "layers.0.weight": (5, 4), "layers.0.bias": (4,), "layers.1.weight": (4, 3), "layers.1.bias": (3,)}
+    assert "layers.1.bias.exp_avg" in checkpoint["optimizer"]
+
+
+def test_a_checkpoint_of_an_older_dorylus_is_refused_with_what_to_do(tmp_path):
+    """Format 1 (one weight matrix per layer, W0, W1, no biases) cannot continue with this
+    version's models: resume says where it came from and how to proceed."""
+    from dorylus.runs import load_checkpoint
+
+    torch.save({"format": 1, "config": TrainConfig().to_dict(), "epoch": 3,
+                "weights": [torch.zeros(5, 4), torch.zeros(4, 3)], "optimizer": {}, "identity": {}},
+               tmp_path / "checkpoint.pt")
+    with pytest.raises(ConfigError, match=r"written by an older dorylus \(checkpoint format 1.*Start a new run"):
+        load_checkpoint(tmp_path)
 
 
 def test_training_lowers_loss_and_is_deterministic(tmp_path):

@@ -24,7 +24,8 @@ from dorylus.models.spec import ModelSpec
 from dorylus.paramserver import ParameterServer
 from dorylus.protocol import Header, Op
 
-SPEC = ModelSpec.from_config(TrainConfig(layers=2, hidden=4), 6, 3)  # W0 [6, 4], W1 [4, 3]
+SPEC = ModelSpec.from_config(TrainConfig(layers=2, hidden=4), 6, 3)  # weight [6, 4] bias [4], weight [4, 3] bias [3]
+GRAD_NAMES = ("weight", "bias")
 WAIT_S = 5.0
 QUIET_S = 1.0
 
@@ -130,11 +131,13 @@ def test_without_keys_shutdown_is_logged_with_its_sender(capfd):
 def test_far_future_gradients_and_pins_are_refused_counted_and_not_buffered(server):
     ps, peer = server
     function, coordinator = peer("function"), peer("coordinator")
-    grad = np.ones((6, 4), np.float32)
+    grad = [np.ones((6, 4), np.float32), np.ones(4, np.float32)]
     # stepped 0 epochs, staleness 1: epochs up to 0 + 1 + 1 + 1 = 3 are acceptable
-    assert function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=3, interval=0, version=0), [grad]).op is Op.ACK
+    assert function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=3, interval=0, version=0, names=GRAD_NAMES),
+                        grad).op is Op.ACK
     for epoch in range(4, 2004):
-        reply = function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=epoch, interval=0, version=0), [grad])
+        reply = function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=epoch, interval=0, version=0, names=GRAD_NAMES),
+                             grad)
         assert (reply.op, reply.code) == (Op.ERROR, "epoch_ahead"), epoch
     for epoch in (4, 10**9):
         reply = function.ask(Header(Op.PULL_WEIGHTS, layer=0, epoch=epoch, interval=0, meta={"weights": "pin"}))
@@ -150,7 +153,7 @@ def test_an_oversized_frame_is_dropped_and_the_server_still_serves(server):
     limit = function.ask(Header(Op.HELLO, role="function")).meta["max_message_bytes"]
     assert limit == ps.max_message_bytes == sockets.message_limit(6 * 4 * 4) == 1 << 20
     huge = np.zeros((limit // 16 + 1, 4), np.float32)  # one frame just over the limit
-    assert function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=1, interval=0, version=0), [huge],
+    assert function.ask(Header(Op.PUSH_GRADS, layer=0, epoch=1, interval=0, version=0, names=("weight",)), [huge],
                         timeout=QUIET_S) is None
     # ZeroMQ dropped the connection, not the server: the same peer reconnects and is served
     assert function.ask(Header(Op.HELLO, role="function")).op is Op.READY

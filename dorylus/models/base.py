@@ -1,10 +1,11 @@
 """What a model module declares, and what the roles interpret (DESIGN §2).
 
 A model is a :class:`Plan` (the stages of a training pass and of an evaluation pass, and the
-row buffers they read and write) plus three functions:
+row buffers they read and write), its layers' named parameters, and three functions:
 
-* ``compute(task, layer, rows, w, args) -> Result``: the tensor work of a ``FUNCTION`` or
-  ``VERTEX`` stage on one interval, in torch-free numpy;
+* ``compute(task, layer, rows, params, args) -> Result``: the tensor work of a ``FUNCTION`` or
+  ``VERTEX`` stage on one interval, in torch-free numpy; ``params`` maps each of the layer's
+  parameter names to its array (``None`` for stages without weights);
 * ``gather(task, layer, graph, rows, inputs, args) -> list``: a ``GATHER`` stage on the owned
   rows ``rows = (start, stop)``, from the local rows (owned and ghost) of its ``reads``;
 * ``gather_backward(task, layer, graph, inputs, args) -> list``: a ``GATHER_BACKWARD`` stage on
@@ -19,9 +20,17 @@ ops=dorylus.models.torch_ops)`` (``compute`` is written once over an ``ops`` mod
 default) and ``gather_torch`` / ``gather_backward_torch``, the graph functions on tensors. The graph server runs the stages; the function (``lambdas.handler``) and the
 ``cpu`` backend call ``compute``; none of them knows which model it runs. A new model is a new
 module in ``dorylus/models/`` registered in :data:`dorylus.models.MODELS`, with
-``build_plan(spec)``, ``weight_shape(layer)``, ``init_weight(layer, rng)``, the three functions
-above, ``gather_torch`` and ``gather_backward_torch``, and ``reference_layer`` (its torch twin
-for the single-process reference).
+``build_plan(spec)``, ``params(layer)`` (``{name: shape}`` of the layer's parameters, in order,
+e.g. ``{"weight": (in, out), "bias": (out,)}``), ``init_params(layer, rng)`` (``{name: float32
+array}``), the three functions above, ``gather_torch`` and ``gather_backward_torch``, and
+``reference_layer`` (its torch twin for the single-process reference, on a ``{name: tensor}``
+of parameters).
+
+Every role names a parameter ``layers.<l>.<name>`` (:func:`param_key`) where it holds more than
+one layer's (the parameter server's state, checkpoints, the reference's ``named_parameters``);
+a layer's own messages (``PULL_WEIGHTS``, ``PUSH_GRADS``) carry the bare names with ``layer``
+in the header. A stage with ``grad`` returns the gradient of every parameter of its layer:
+each layer's gradients are pushed by one call per interval.
 
 Stage kinds:
 
@@ -70,7 +79,7 @@ class Stage:
     reads: tuple[str, ...]
     writes: tuple[str, ...] = ()
     weights: str | None = None      # PIN, STASH, NEWEST, or None: the stage uses no weights
-    grad: bool = False              # the stage pushes dW of its layer to the parameter server
+    grad: bool = False              # the stage pushes the gradients of its layer's parameters
     args: tuple[tuple[str, Any], ...] = ()  # model-specific, static per stage (dropout, activation, ...)
 
     @property
@@ -117,9 +126,40 @@ class Plan:
 
 @dataclass
 class Result:
-    """What ``compute`` returns: rows for the buffers in ``stage.writes``, the layer's weight
-    gradient (stages with ``grad``, training only) and scalars (loss, accuracy counts)."""
+    """What ``compute`` returns: rows for the buffers in ``stage.writes``, the gradients of the
+    layer's parameters by name (stages with ``grad``, training only: every parameter of the
+    layer) and scalars (loss, accuracy counts)."""
 
     rows: list[np.ndarray]            # one per name in the stage's ``writes``, in order
-    grad_w: np.ndarray | None = None
+    grads: dict[str, np.ndarray] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def param_key(layer: int, name: str) -> str:
+    """``layers.<layer>.<name>``: a parameter's name among every layer's (state, checkpoints)."""
+    return f"layers.{layer}.{name}"
+
+
+def split_param_key(key: str) -> tuple[int, str]:
+    """``(layer, name)`` of a :func:`param_key`; ``ValueError`` for anything else."""
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit() or not parts[2]:
+        raise ValueError(f"{key!r} is not a parameter name of the form layers.<layer>.<name>")
+    return int(parts[1]), parts[2]
+
+
+def check_params(params: dict[str, Any] | None, shapes: dict[str, tuple[int | None, ...]], what: str) -> dict[str, Any]:
+    """``params`` if it holds exactly the names of ``shapes``, each of that shape (``None``: any
+    size in that dimension; numpy arrays or tensors); ``ValueError`` naming the first that does not."""
+    if params is None:
+        raise ValueError(f"{what}: this stage needs the layer's parameters ({', '.join(shapes)}), got none")
+    if not isinstance(params, dict):
+        raise ValueError(f"{what}: the layer's parameters must be a name -> array dict, got {type(params).__name__}")
+    missing, unknown = [n for n in shapes if n not in params], [n for n in params if n not in shapes]
+    if missing or unknown:
+        raise ValueError(f"{what}: parameters must be {', '.join(shapes)}; missing {missing}, unknown {unknown}")
+    for name, shape in shapes.items():
+        got = tuple(params[name].shape)
+        if len(got) != len(shape) or any(want is not None and g != want for g, want in zip(got, shape)):
+            raise ValueError(f"{what}: parameter {name} has shape {tuple(params[name].shape)}, expected {tuple(shape)}")
+    return params

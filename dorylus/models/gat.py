@@ -7,9 +7,12 @@ Layer ``l`` with ``K`` heads of width ``F`` on ``H = dropout_l(act(Y_{l-1}))`` (
     s_dst[v, k] = a_dst[k] · P[v, k],  s_src[u, k] = a_src[k] · P[u, k]
     e[v, u, k] = LeakyReLU_0.2(s_dst[v, k] + s_src[u, k])      for u in N(v) ∪ {v}
     alpha[v, :, k] = softmax_u(e[v, :, k]),  then attention dropout (keyed by the edge's ends)
-    Y[v, k] = sum_u alpha[v, u, k] P[u, k]   -> heads concatenated (hidden layers) or averaged (last)
+    G[v, k] = sum_u alpha[v, u, k] P[u, k]   -> heads concatenated (hidden layers) or averaged (last)
+    Y = G + b
 
-The layer's one weight matrix is ``[W; a_dst; a_src]``, ``float32 [in + 2, K F]``.
+as PyG's ``GATConv`` (bias after the heads are combined). The layer's parameters are ``weight``
+``[in, K F]``, ``att_src`` and ``att_dst`` ``[K, F]`` and ``bias`` ``[K F]`` (concatenated) or
+``[F]`` (averaged).
 
 Where the work runs. ``P`` and the scores ``E = [s_dst, s_src]`` (``[n, 2K]``) are dense per-vertex
 work: a function (``AV``) computes them. The edge work (scores per edge, the edge softmax, the
@@ -24,8 +27,10 @@ ghost rows to their owners.
 forward                                        backward
 ---------------------------------------------  -------------------------------------------------
 AV   f  src, ids -> P_l, E_l                   GA_BWD g  dY_l, P_l, E_l -> dP_l, dE_l
-GA   g  P_l, E_l -> Y_l (edge softmax, sum)    AV_BWD f  dP_l, dE_l, src, ids -> dW_l (with
-(last) LOSS f  Y_l, labels, split -> dY_l                da_dst, da_src), dY_{l-1} (l > 0)
+GA   g  P_l, E_l -> G_l (edge softmax, sum)    AV_BWD f  dP_l, dE_l, dY_l, src, ids -> the
+BIAS f  G_l -> Y_l = G_l + b_l                           gradients of weight, att_src, att_dst
+(last: LOSS f  G_l, labels, split -> dY_l,               and bias (sum dY_l), dY_{l-1} (l > 0)
+ the logits G_l + b_l, instead of BIAS)
 
 The vertex functions are torch-free numpy (this module ships in the Lambda bundle); the Gather
 functions use torch's kernels and run on graph servers only.
@@ -39,11 +44,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.masks import keep_edge_mask
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage
+from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage, check_params
 from dorylus.models import ops as numpy_ops
-from dorylus.models.spec import LayerSpec, ModelSpec, glorot
+from dorylus.models.spec import LayerSpec, ModelSpec, glorot, zeros
 
 NEGATIVE_SLOPE = 0.2
+MULTI_HEAD = True           # heads, out_heads and attention_dropout apply (dorylus.models.spec)
+HIDDEN_ACTIVATION = "elu"   # between layers, as Velickovic et al.
 
 
 def build_plan(spec: ModelSpec) -> Plan:
@@ -59,73 +66,86 @@ def build_plan(spec: ModelSpec) -> Plan:
         edge_args = (*heads, ("concat", layer.concat), ("attention_dropout", layer.attention_dropout))
         projected = layer.heads * layer.out_dim
         widths.update({f"P{l}": projected, f"dP{l}": projected, f"E{l}": 2 * layer.heads,
-                       f"dE{l}": 2 * layer.heads, f"Y{l}": layer.output_width, f"dY{l}": layer.output_width})
+                       f"dE{l}": 2 * layer.heads, f"G{l}": layer.output_width, f"dY{l}": layer.output_width})
         forward += [Stage(FUNCTION, "AV", l, (src, "ids"), (f"P{l}", f"E{l}"), PIN, args=args),
-                    Stage(GATHER, "GA", l, (f"P{l}", f"E{l}"), (f"Y{l}",), args=edge_args)]
-        if l == last:
-            forward.append(Stage(FUNCTION, "LOSS", l, (f"Y{l}", "labels", "split"), (f"dY{l}",)))
+                    Stage(GATHER, "GA", l, (f"P{l}", f"E{l}"), (f"G{l}",), args=edge_args)]
+        if l == last:  # the bias joins the loss's call: the logits are G + b
+            forward.append(Stage(FUNCTION, "LOSS", l, (f"G{l}", "labels", "split"), (f"dY{l}",), PIN, args=heads))
+        else:
+            widths[f"Y{l}"] = layer.output_width
+            forward.append(Stage(FUNCTION, "BIAS", l, (f"G{l}",), (f"Y{l}",), PIN, args=heads))
         backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}", f"P{l}", f"E{l}"), (f"dP{l}", f"dE{l}"),
                               args=edge_args),
-                        Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", src, "ids"),
+                        Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", f"dY{l}", src, "ids"),
                               () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
     return Plan.of(forward, backward, widths)
 
 
-def weight_shape(layer: LayerSpec) -> tuple[int, int]:
-    """``[W; a_dst; a_src]``: ``[in_dim + 2, heads * out_dim]``."""
-    return (layer.in_dim + 2, layer.heads * layer.out_dim)
-
-
-def init_weight(layer: LayerSpec, rng: np.random.Generator) -> np.ndarray:
-    """Glorot uniform for ``W`` (``[in, K F]``) and for each attention vector (``[K, F]`` as PyG's)."""
+def params(layer: LayerSpec) -> dict[str, tuple[int, ...]]:
+    """``weight [in, K F]``, ``att_src``/``att_dst [K, F]``, ``bias [K F]`` (concatenated heads)
+    or ``[F]`` (averaged), as PyG's ``GATConv`` with ``bias=True``."""
     k, f = layer.heads, layer.out_dim
-    w = glorot(rng, layer.in_dim, k * f)
-    attention = [glorot(rng, k, f).reshape(1, k * f) for _ in range(2)]
-    return np.vstack([w, *attention])
+    return {"weight": (layer.in_dim, k * f), "att_src": (k, f), "att_dst": (k, f), "bias": (layer.output_width,)}
 
 
-def _unpack(w, heads: int, ops=numpy_ops):
-    """``W [in, K F]``, ``a_dst [K, F]``, ``a_src [K, F]``."""
-    w = ops.as_float32(w, "w")
-    if w.shape[0] < 3 or w.shape[1] % heads:
-        raise ValueError(f"gat weights must be [in + 2, heads * out] with {heads} heads, got shape {tuple(w.shape)}")
-    return w[:-2], w[-2].reshape(heads, -1), w[-1].reshape(heads, -1)
+def init_params(layer: LayerSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Glorot uniform for ``weight`` and for each attention vector (``[K, F]``, as PyG's), zero bias."""
+    k, f = layer.heads, layer.out_dim
+    weight = glorot(rng, layer.in_dim, k * f)
+    att_src, att_dst = glorot(rng, k, f), glorot(rng, k, f)
+    return {"weight": weight, "att_src": att_src, "att_dst": att_dst, "bias": zeros(layer.output_width)}
 
 
-def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any],
+def _unpack(params, heads: int):
+    """``weight [in, K F]``, ``att_src [K, F]``, ``att_dst [K, F]``, ``bias``, checked."""
+    params = check_params(params, {"weight": (None, None), "att_src": (heads, None), "att_dst": (heads, None),
+                                   "bias": (None,)}, f"gat with {heads} heads")
+    weight, att_src, att_dst = params["weight"], params["att_src"], params["att_dst"]
+    width = att_src.shape[1]
+    if att_dst.shape[1] != width or weight.shape[1] != heads * width or params["bias"].shape[0] not in (heads * width,
+                                                                                                        width):
+        raise ValueError(f"gat: parameter shapes disagree: weight {tuple(weight.shape)}, att_src "
+                         f"{tuple(att_src.shape)}, att_dst {tuple(att_dst.shape)}, bias {tuple(params['bias'].shape)}")
+    return weight, att_src, att_dst, params["bias"]
+
+
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | None, args: dict[str, Any],
             ops=numpy_ops) -> Result:
     """The tensor work of one stage on one interval (see the module docstring; ``args`` and
     ``ops`` as in :func:`dorylus.models.gcn.compute`, ``args`` with ``heads``)."""
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
     act = args.get("act_in")
+    weight, att_src, att_dst, bias = _unpack(params, int(args["heads"]))
     if task == "AV":
         src, ids = rows
-        weight, a_dst, a_src = _unpack(w, int(args["heads"]), ops)
         h = ops.check_shape(ops.prepare(src, ids, key, p, act, training), "src", (None, weight.shape[0]))
         projected = h @ weight
-        per_head = projected.reshape(h.shape[0], *a_dst.shape)
-        scores = ops.concat([(per_head * a_dst).sum(-1), (per_head * a_src).sum(-1)], axis=1)
+        per_head = projected.reshape(h.shape[0], *att_dst.shape)
+        scores = ops.concat([(per_head * att_dst).sum(-1), (per_head * att_src).sum(-1)], axis=1)
         return Result([projected, scores])
+    if task == "BIAS":
+        return Result([ops.check_shape(rows[0], "G", (None, bias.shape[0])) + bias])
     if task == "LOSS":
-        return ops.loss_stage(list(rows), args)
+        gathered, labels, split = rows
+        return ops.loss_stage([ops.check_shape(gathered, "G", (None, bias.shape[0])) + bias, labels, split], args)
     if task == "AV_BWD":
-        grad_p, grad_e, src, ids = rows
-        weight, a_dst, a_src = _unpack(w, int(args["heads"]), ops)
-        heads, width = a_dst.shape
+        grad_p, grad_e, grad_y, src, ids = rows
+        heads, width = att_dst.shape
         h = ops.check_shape(ops.prepare(src, ids, key, p, act, True), "src", (None, weight.shape[0]))
         n = h.shape[0]
         grad_p = ops.check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
         grad_e = ops.check_shape(grad_e, "dE", (n, 2 * heads))
+        grad_y = ops.check_shape(grad_y, "dY", (n, bias.shape[0]))
         per_head = (h @ weight).reshape(n, heads, width)
         # s_dst = P·a_dst and s_src = P·a_src feed back into P and into the attention vectors.
         grad_dst, grad_src = grad_e[:, :heads, None], grad_e[:, heads:, None]
-        grad_per_head = grad_p + grad_dst * a_dst + grad_src * a_src
-        grad_a = [(grad_dst * per_head).sum(0).reshape(1, -1), (grad_src * per_head).sum(0).reshape(1, -1)]
+        grad_per_head = grad_p + grad_dst * att_dst + grad_src * att_src
         grad_projected = grad_per_head.reshape(n, heads * width)
-        grad_w = ops.vstack([h.T @ grad_projected, *grad_a])
+        grads = {"weight": h.T @ grad_projected, "att_src": (grad_src * per_head).sum(0),
+                 "att_dst": (grad_dst * per_head).sum(0), "bias": grad_y.sum(0)}
         out = [ops.prepare_backward(grad_projected @ weight.T, src, ids, key, p, act)] if layer > 0 else []
-        return Result(out, grad_w=grad_w)
+        return Result(out, grads=grads)
     raise ValueError(f"gat has no task {task!r}")
 
 
@@ -276,20 +296,19 @@ def _tensors(arrays: Sequence[np.ndarray]) -> list:
     return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for x in arrays]
 
 
-def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
+def reference_layer(layer: LayerSpec, graph, h, params: dict, key: tuple[int, int, int], training: bool):
     """The torch twin of one layer for the single-process reference: the projections and scores
     through autograd, the edge work through the same kernels as the graph server's Gather (their
     backward is checked against PyG's GATConv and against autograd on a dense formulation)."""
     import torch
 
     heads, width = layer.heads, layer.out_dim
-    projected = h @ weight[:-2]
+    projected = h @ params["weight"]
     per_head = projected.view(h.shape[0], heads, width)
-    scores = torch.cat([(per_head * weight[-2].view(heads, width)).sum(-1),
-                        (per_head * weight[-1].view(heads, width)).sum(-1)], dim=1)
+    scores = torch.cat([(per_head * params["att_dst"]).sum(-1), (per_head * params["att_src"]).sum(-1)], dim=1)
     args = {"heads": heads, "concat": layer.concat, "attention_dropout": layer.attention_dropout,
             "seed": key[0], "epoch": key[1], "training": training}
-    return _attention_function().apply(projected, scores, graph, key[2], args)
+    return _attention_function().apply(projected, scores, graph, key[2], args) + params["bias"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,21 +1,24 @@
 """GCN (Kipf & Welling, 2017) as stages and numpy vertex functions.
 
-Layer ``l`` computes ``Y_l = A_hat · H_l · W_l`` on ``H_l = dropout_l(act(Y_{l-1}))``
-(``H_0 = dropout_0(X)``; ``act`` is ReLU; the last layer's ``Y`` are the logits). Gather runs
-at the narrow width (DESIGN §2): a layer whose input is wider than its output projects first,
-``A_hat · (H W)``, so ghost rows and Gather are ``out`` wide; otherwise it gathers first,
-``(A_hat · H) · W``. Per layer, with ``src`` = ``X`` or ``Y_{l-1}``:
+Layer ``l`` computes ``Y_l = A_hat · H_l · W_l + b_l`` on ``H_l = dropout_l(act(Y_{l-1}))``
+(``H_0 = dropout_0(X)``; ``act`` is ReLU; the last layer's ``Y`` are the logits), with the bias
+added after the aggregation as PyG's ``GCNConv``. Its parameters are ``weight`` ``[in, out]`` and
+``bias`` ``[out]``. Gather runs at the narrow width (DESIGN §2): a layer whose input is wider than
+its output projects first, ``A_hat · (H W)``, so ghost rows and Gather are ``out`` wide;
+otherwise it gathers first, ``(A_hat · H) · W``. Per layer, with ``src`` = ``X`` or ``Y_{l-1}``:
 
 project first (in > out)                     gather first (in <= out)
 -------------------------------------------  ------------------------------------------------
 AV      f   src, ids -> P_l = H_l W_l         PREP    v  src, ids -> H_l
-GA      g   P_l -> Y_l = A_hat P_l            GA      g  H_l -> Z_l = A_hat H_l
-(last) LOSS f  Y_l, labels, split -> dY_l     AV      f  Z_l -> Y_l = Z_l W_l
-                                              (last) AV_LOSS f  Z_l, labels, split -> dZ_l, dW_l
+GA      g   P_l -> G_l = A_hat P_l            GA      g  H_l -> Z_l = A_hat H_l
+BIAS    f   G_l -> Y_l = G_l + b_l            AV      f  Z_l -> Y_l = Z_l W_l + b_l
+(last: LOSS f  G_l, labels, split -> dY_l,    (last) AV_LOSS f  Z_l, labels, split -> dZ_l,
+ the logits G_l + b_l, instead of BIAS)                  dW_l, db_l
 backward:                                     backward:
-GA_BWD  g   dY_l -> dP_l = A_hat^T dY_l       AV_BWD  f  Z_l, dY_l -> dW_l, dZ_l = dY_l W_l^T
-AV_BWD  f   dP_l, src, ids -> dW_l,           GA_BWD  g  dZ_l -> dH_l = A_hat^T dZ_l
-            dY_{l-1} (l > 0)                  PREP_BWD v dH_l, src, ids -> dY_{l-1} (l > 0)
+GA_BWD  g   dY_l -> dP_l = A_hat^T dY_l       AV_BWD  f  Z_l, dY_l -> dW_l, db_l,
+AV_BWD  f   dP_l, dY_l, src, ids -> dW_l,                dZ_l = dY_l W_l^T
+            db_l = sum dY_l, dY_{l-1} (l > 0) GA_BWD  g  dZ_l -> dH_l = A_hat^T dZ_l
+                                              PREP_BWD v dH_l, src, ids -> dY_{l-1} (l > 0)
 
 (f: function, g: graph server Gather, v: graph server vertex stage.) No gradient flows into the
 input features: layer 0's backward stops at ``dW_0``. Sparse input features
@@ -34,9 +37,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage
+from dorylus.models.base import (
+    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage, check_params,
+)
 from dorylus.models import ops as numpy_ops
-from dorylus.models.spec import LayerSpec, ModelSpec, glorot
+from dorylus.models.spec import LayerSpec, ModelSpec, glorot, zeros
 
 def projects_first(layer: LayerSpec) -> bool:
     """``A_hat · (H W)`` when the input is wider than the output (DGL's GraphConv rule)."""
@@ -57,15 +62,18 @@ def build_plan(spec: ModelSpec) -> Plan:
         args = (("dropout", layer.dropout), ("act_in", spec.layers[l - 1].activation if l > 0 else None), ("project_first", projects_first(layer)))
         grad_src = () if l == 0 else (f"dY{l - 1}",)
         if projects_first(layer):
-            widths.update({f"P{l}": layer.out_dim, f"Y{l}": layer.out_dim, f"dY{l}": layer.out_dim,
+            widths.update({f"P{l}": layer.out_dim, f"G{l}": layer.out_dim, f"dY{l}": layer.out_dim,
                            f"dP{l}": layer.out_dim})
             forward += [Stage(FUNCTION, "AV", l, (src, "ids"), (f"P{l}",), PIN, args=args),
-                        Stage(GATHER, "GA", l, (f"P{l}",), (f"Y{l}",))]
-            if l == last:
-                forward.append(Stage(FUNCTION, "LOSS", l, (f"Y{l}", "labels", "split"), (f"dY{l}",)))
+                        Stage(GATHER, "GA", l, (f"P{l}",), (f"G{l}",))]
+            if l == last:  # the bias joins the loss's call: the logits are G + b
+                forward.append(Stage(FUNCTION, "LOSS", l, (f"G{l}", "labels", "split"), (f"dY{l}",), PIN))
+            else:
+                widths[f"Y{l}"] = layer.out_dim
+                forward.append(Stage(FUNCTION, "BIAS", l, (f"G{l}",), (f"Y{l}",), PIN))
             backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",)),
-                            Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", src, "ids"), grad_src, STASH, grad=True,
-                                  args=args)]
+                            Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"), grad_src, STASH,
+                                  grad=True, args=args)]
         else:
             widths.update({f"H{l}": layer.in_dim, f"Z{l}": layer.in_dim, f"dZ{l}": layer.in_dim,
                            f"dH{l}": layer.in_dim, f"Y{l}": layer.out_dim, f"dY{l}": layer.out_dim})
@@ -108,29 +116,32 @@ def gather_backward_torch(task: str, layer: int, graph, inputs, args: dict[str, 
     return [graph.transpose("gcn") @ inputs[0]]
 
 
-def reference_layer(layer: LayerSpec, graph, h, weight, key: tuple[int, int, int], training: bool):
+def reference_layer(layer: LayerSpec, graph, h, params: dict, key: tuple[int, int, int], training: bool):
     """The torch twin of one layer for the single-process reference (autograd does the backward)."""
     from dorylus.models.reference import aggregate, dense_input
 
-    return aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, dense_input(h)) @ weight
+    weight = params["weight"]
+    y = aggregate(graph, h @ weight) if projects_first(layer) else aggregate(graph, dense_input(h)) @ weight
+    return y + params["bias"]
 
 
 # ----------------------------------------------------------------------------- vertex functions
 
 
-def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | None, args: dict[str, Any],
+def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | None, args: dict[str, Any],
             ops=numpy_ops) -> Result:
     """The tensor work of one stage on one interval.
 
     Args:
         task, layer: the stage (see the module docstring for what each reads and writes).
         rows: the interval's rows of the stage's ``reads``, in order.
-        w: ``float32 [in, out]``, ``W_layer`` (``None`` for stages without weights).
+        params: ``{"weight": float32 [in, out], "bias": float32 [out]}``, the layer's
+            parameters (``None`` for stages without weights).
         args: the stage's ``args`` plus ``seed``, ``epoch``, ``training`` and ``train_count``
             (the global number of training vertices).
         ops: the array functions: :mod:`dorylus.models.ops` (numpy arrays) or its torch twin
-            :mod:`dorylus.models.torch_ops` (``rows`` and ``w`` torch tensors on one device; the
-            result's rows and ``grad_w`` are then tensors on it too).
+            :mod:`dorylus.models.torch_ops` (``rows`` and ``params`` torch tensors on one
+            device; the result's rows and ``grads`` are then tensors on it too).
     """
     p, training = float(args.get("dropout", 0.0)), bool(args["training"])
     key = (int(args["seed"]), int(args["epoch"]), layer)
@@ -142,40 +153,55 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], w: np.ndarray | N
     if task == "PREP_BWD":
         grad_h, src, ids = rows
         return Result([ops.prepare_backward(grad_h, src, ids, key, p, act)])
+    w, b = _unpack(params)
     if task == "AV":
         if args["project_first"]:
             src, ids = rows
             h = ops.prepare(src, ids, key, p, act, training)
             return Result([ops.matmul(h, w)])
-        return Result([ops.matmul(rows[0], w)])
+        return Result([ops.matmul(rows[0], w) + b])
+    if task == "BIAS":
+        return Result([ops.check_shape(rows[0], "G", (None, b.shape[0])) + b])
+    if task == "LOSS":
+        gathered, labels, split = rows
+        return ops.loss_stage([ops.check_shape(gathered, "G", (None, b.shape[0])) + b, labels, split], args)
     if task == "AV_BWD":
         if args["project_first"]:
-            grad_p, src, ids = rows
+            grad_p, grad_y, src, ids = rows
             h = ops.prepare(src, ids, key, p, act, True)
-            grad_p = ops.check_shape(grad_p, "grad", (h.shape[0], ops.as_float32(w, "w").shape[1]))
+            grad_p = ops.check_shape(grad_p, "grad", (h.shape[0], w.shape[1]))
+            grad_y = ops.check_shape(grad_y, "dY", (h.shape[0], w.shape[1]))
             out = [ops.prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
-            return Result(out, grad_w=h.T @ grad_p)
+            return Result(out, grads={"weight": h.T @ grad_p, "bias": grad_y.sum(0)})
         z, grad_y = rows
-        z = ops.check_shape(z, "z", (None, ops.as_float32(w, "w").shape[0]))
+        z = ops.check_shape(z, "z", (None, w.shape[0]))
         grad_y = ops.check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))
-        return Result([grad_y @ w.T] if layer > 0 else [], grad_w=z.T @ grad_y)
-    if task == "LOSS":
-        return ops.loss_stage(rows, args)
+        return Result([grad_y @ w.T] if layer > 0 else [], grads={"weight": z.T @ grad_y, "bias": grad_y.sum(0)})
     if task == "AV_LOSS":
         z, labels, split = rows
         z = ops.as_float32(z, "z")
-        loss = ops.softmax_cross_entropy(ops.matmul(z, w), labels, split, int(args["train_count"]), training)
+        loss = ops.softmax_cross_entropy(ops.matmul(z, w) + b, labels, split, int(args["train_count"]), training)
         if not training:
             return Result([], meta=loss.meta)
-        return Result([loss.grad @ w.T] if layer > 0 else [], grad_w=z.T @ loss.grad, meta=loss.meta)
+        return Result([loss.grad @ w.T] if layer > 0 else [], grads={"weight": z.T @ loss.grad,
+                                                                     "bias": loss.grad.sum(0)}, meta=loss.meta)
     raise ValueError(f"gcn has no task {task!r}")
 
 
-def weight_shape(layer: LayerSpec) -> tuple[int, int]:
-    """``W_l``: ``[in_dim, out_dim]``."""
-    return (layer.in_dim, layer.out_dim)
+def _unpack(params):
+    """``(weight [in, out], bias [out])``, checked."""
+    params = check_params(params, {"weight": (None, None), "bias": (None,)}, "gcn")
+    w, b = params["weight"], params["bias"]
+    if b.shape[0] != w.shape[1]:
+        raise ValueError(f"gcn: bias has {b.shape[0]} entries but weight has {w.shape[1]} columns")
+    return w, b
 
 
-def init_weight(layer: LayerSpec, rng) -> np.ndarray:
-    """Glorot uniform, as Kipf & Welling."""
-    return glorot(rng, layer.in_dim, layer.out_dim)
+def params(layer: LayerSpec) -> dict[str, tuple[int, ...]]:
+    """``weight [in, out]``, ``bias [out]`` (PyG's ``GCNConv``: ``bias=True``)."""
+    return {"weight": (layer.in_dim, layer.out_dim), "bias": (layer.out_dim,)}
+
+
+def init_params(layer: LayerSpec, rng) -> dict[str, np.ndarray]:
+    """Glorot uniform weight (Kipf & Welling, PyG), zero bias."""
+    return {"weight": glorot(rng, layer.in_dim, layer.out_dim), "bias": zeros(layer.out_dim)}

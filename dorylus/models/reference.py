@@ -127,28 +127,31 @@ _ACTIVATIONS = {"relu": torch.relu, "elu": F.elu}
 
 
 class ReferenceModel(torch.nn.Module):
-    """Each layer's weights as parameters; ``forward`` returns logits ``float32 [N, C]``."""
+    """Each layer's parameters as ``layers.<l>.<name>`` (``named_parameters``, in the spec's
+    order: the parameter server's); ``forward`` returns logits ``float32 [N, C]``."""
 
     def __init__(self, spec: ModelSpec, seed: int):
         super().__init__()
         self.spec = spec
         self.seed = seed
         self.model = get_model(spec.arch)
-        self.weights = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.from_numpy(w)) for w in spec.init_weights(seed)
+        self.layers = torch.nn.ModuleList(
+            # pairs, not a dict: ParameterDict sorts a dict's keys, and the order is the model's
+            torch.nn.ParameterDict([(name, torch.nn.Parameter(torch.from_numpy(w))) for name, w in params.items()])
+            for params in spec.init_params(seed)
         )
 
     def forward(self, graph: CsrGraph, features, epoch: int, training: bool) -> torch.Tensor:
         """``features``: ``float32 [N, F]`` tensor or :class:`SparseInput` (see :func:`input_features`)."""
         h = input_features(features) if isinstance(features, (np.ndarray, SparseRows)) else features
         vertex_ids = np.arange(features.shape[0])
-        for layer, weight in zip(self.spec.layers, self.weights):
+        for layer, params in zip(self.spec.layers, self.layers):
             if training and layer.dropout > 0 and isinstance(h, SparseInput):
                 h = h.dropout(self.seed, epoch, layer.index, layer.dropout)
             elif training and layer.dropout > 0:
                 keep = keep_mask(self.seed, epoch, layer.index, vertex_ids, h.shape[1], layer.dropout)
                 h = h * torch.from_numpy(keep) * (1.0 / (1.0 - layer.dropout))
-            h = self.model.reference_layer(layer, graph, h, weight, (self.seed, epoch, layer.index), training)
+            h = self.model.reference_layer(layer, graph, h, dict(params), (self.seed, epoch, layer.index), training)
             if layer.activation is not None:
                 h = _ACTIVATIONS[layer.activation](h)
         return h

@@ -395,7 +395,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                           f"({env.where or 'environment'} has none)")
     spec, plan = model_plan(shape, setup)
     layers = {layer.index: layer for layer in spec.layers}
-    weight_sizes = [r * c for r, c in spec.weight_shapes()]
+    weight_sizes = spec.layer_sizes()
     n, I = shape.owned, setup.intervals
     rows = n / I
     waves = math.ceil(I / min(setup.functions, I))

@@ -30,19 +30,21 @@ class CpuBackend(Backend):
         async with self.limiter.slot(priority):
             self.calls += 1
             rows = [server.state.rows(name)[a:b] for name in event["reads"]]
-            w, meta = None, {}
+            params, meta = None, {}
             if event["weights"]:
-                reply, (w,) = await server.ps.request(Header(
+                reply, tensors = await server.ps.request(Header(
                     Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
                     meta={"weights": event["weights"]}), timeout=server.config.task_timeout_s)
+                params = dict(zip(reply.names, tensors))
                 meta = {"version": reply.version,
                         "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
             model = get_model(event["model"])
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, server.state.compute, model, event["task"], layer, rows, w, event["args"])
-            if event["grad"] and result.grad_w is not None:
+                self.executor, server.state.compute, model, event["task"], layer, rows, params, event["args"])
+            if event["grad"] and result.grads is not None:
                 await server.ps.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval,
-                                               part=server.part_id, version=meta["version"]), [result.grad_w],
+                                               part=server.part_id, version=meta["version"],
+                                               names=tuple(result.grads)), list(result.grads.values()),
                                         timeout=server.config.task_timeout_s)
             meta.update(result.meta)
             server.accept_result(event["pass"], event["task"], layer, epoch, interval, result.rows, meta)

@@ -42,16 +42,17 @@ def test_function_bundle_imports_without_torch():
         "import lambdas.handler\n"
         "from dorylus.models import get_model\n"
         "gcn = get_model('gcn')\n"
-        "r = gcn.compute('AV', 0, [np.ones((2, 3), np.float32)], np.ones((3, 2), np.float32),\n"
+        "params = {'weight': np.ones((3, 2), np.float32), 'bias': np.ones(2, np.float32)}\n"
+        "r = gcn.compute('AV', 0, [np.ones((2, 3), np.float32)], params,\n"
         "                {'project_first': False, 'seed': 0, 'epoch': 1, 'training': True, 'train_count': 1})\n"
         "assert r.rows[0].shape == (2, 2)\n"
-        "for name in ('gat', 'sage'):\n"
+        "from dorylus.models import MODELS\n"
+        "for name in MODELS:\n"
         "    get_model(name)  # every model's vertex functions ship in the bundle\n"
         "loaded = {m for m, mod in sys.modules.items() if mod is not None}\n"
         "bad = {m for m in loaded if m.startswith(('torch', 'graphserver', 'dorylus.models.reference'))}\n"
         "assert not bad, bad\n"
-        "assert {'dorylus.models', 'dorylus.models.gcn', 'dorylus.models.gat', 'dorylus.models.sage',\n"
-        "        'dorylus.protocol'} <= loaded, loaded\n"
+        "assert {'dorylus.models', 'dorylus.protocol', *MODELS.values()} <= loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -62,8 +63,9 @@ def test_function_bundle_imports_without_torch():
 class FakeServers:
     """A graph server and a parameter server in one thread; every request is logged."""
 
-    def __init__(self, buffers: dict[str, np.ndarray], weights: list[np.ndarray]):
-        self.buffers, self.weights = buffers, weights
+    def __init__(self, buffers: dict[str, np.ndarray], params: list[dict[str, np.ndarray]]):
+        """``params``: per layer, the named parameters a PULL_WEIGHTS gets (``ModelSpec.init_params``)."""
+        self.buffers, self.layer_params = buffers, params
         self.log: list[tuple[str, Header, list[np.ndarray]]] = []
         self.errors: list[BaseException] = []
         self.refuse: set[Op] = set()   # answer these ops with ERROR
@@ -114,8 +116,10 @@ class FakeServers:
         elif who == "graph" and header.op is Op.PUSH:
             reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
         elif who == "params" and header.op is Op.PULL_WEIGHTS:
-            reply = protocol.reply_to(header, Op.WEIGHTS, version=VERSION, meta={"newest": NEWEST})
-            out = [self.weights[header.layer]]
+            layer_params = self.layer_params[header.layer]
+            reply = protocol.reply_to(header, Op.WEIGHTS, version=VERSION, names=tuple(layer_params),
+                                      meta={"newest": NEWEST})
+            out = list(layer_params.values())
         elif who == "params" and header.op is Op.PUSH_GRADS:
             reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
         else:
@@ -182,7 +186,10 @@ def setup(request, monkeypatch):
     dims = SPECS[request.param]
     spec = make_spec(dims)
     plan = gcn.build_plan(spec)
-    servers = FakeServers(make_buffers(plan, dims[0], dims[-1]), spec.init_weights(SEED))
+    params = spec.init_params(SEED)
+    for layer in params:  # biases that are not zero, so that a bias dropped on the way shows
+        layer["bias"] = np.linspace(-0.5, 0.5, layer["bias"].shape[0], dtype=np.float32)
+    servers = FakeServers(make_buffers(plan, dims[0], dims[-1]), params)
     try:
         yield spec, plan, servers
     finally:
@@ -221,20 +228,22 @@ def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[st
         assert (pull.task, pull.rows, pull.meta["pass"]) == (stage.task, (start, stop), event["pass"])
         assert {k: getattr(pull, k) for k in ident} == ident
 
-    w = None
+    params = None
     if stage.weights:
         pull_w, _ = by_op[Op.PULL_WEIGHTS]
         assert pull_w.meta == {"weights": stage.weights if event["pass"] == "train" else "newest"}
         assert {k: getattr(pull_w, k) for k in ident} == ident
-        w = servers.weights[stage.layer]
+        params = servers.layer_params[stage.layer]
 
-    expected = gcn.compute(stage.task, stage.layer, [servers.buffers[n][start:stop] for n in stage.reads], w,
+    expected = gcn.compute(stage.task, stage.layer, [servers.buffers[n][start:stop] for n in stage.reads], params,
                            event["args"])
     if grad:
-        push_g, (grad_w,) = by_op[Op.PUSH_GRADS]
+        push_g, grads = by_op[Op.PUSH_GRADS]
         assert push_g.version == VERSION and {k: getattr(push_g, k) for k in ident} == ident
+        assert push_g.names == tuple(expected.grads) == ("weight", "bias")  # every parameter, by name
         # same numpy code on the same float32 inputs in the same process: equal up to BLAS kernel choice
-        np.testing.assert_allclose(grad_w, expected.grad_w, rtol=1e-6, atol=1e-7)
+        for got, want in zip(grads, expected.grads.values()):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
     push, rows = by_op[Op.PUSH]
     assert list(push.names) == list(stage.writes) == event["writes"]
@@ -360,7 +369,7 @@ def test_sparse_features_arrive_as_csr_and_stay_cached(monkeypatch):
     buffers = make_buffers(plan, 8, 7)
     dense_x = np.where(np.random.default_rng(5).random((N_ROWS, 8)) < 0.3, buffers["X"], 0).astype(np.float32)
     buffers["X"] = SparseRows.from_dense(dense_x)
-    servers = FakeServers(buffers, spec.init_weights(SEED))
+    servers = FakeServers(buffers, spec.init_params(SEED))
     try:
         av, av_bwd = (next(s for s in plan.train if s.key == key) for key in (("AV", 0), ("AV_BWD", 0)))
         for epoch, stage in ((1, av), (1, av_bwd), (2, av)):
@@ -372,15 +381,16 @@ def test_sparse_features_arrive_as_csr_and_stay_cached(monkeypatch):
             assert [list(h.names) for h in pulls] == ([["X", "ids"]] if (epoch, stage) == (1, av) else
                                                       [wanted] if wanted else [])
             start, stop = event["rows"]
-            w = servers.weights[0]
             rows = [dense_x[start:stop] if n == "X" else buffers[n][start:stop] for n in stage.reads]
-            expected = gcn.compute(stage.task, 0, rows, w, event["args"])
+            expected = gcn.compute(stage.task, 0, rows, servers.layer_params[0], event["args"])
             (push,) = [t for _, h, t in log if h.op is Op.PUSH]
             for got, want in zip(push, expected.rows):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
             if stage.grad:
-                (grad_w,) = [t[0] for _, h, t in log if h.op is Op.PUSH_GRADS]
-                np.testing.assert_allclose(grad_w, expected.grad_w, rtol=1e-5, atol=1e-5)
+                (grads,) = [dict(zip(h.names, t)) for _, h, t in log if h.op is Op.PUSH_GRADS]
+                assert list(grads) == list(expected.grads)
+                for name, want in expected.grads.items():
+                    np.testing.assert_allclose(grads[name], want, rtol=1e-5, atol=1e-5)
         cached = handler_module._static_rows[("run-s", PART, 1, "X")]
         assert isinstance(cached, SparseRows)
         np.testing.assert_array_equal(cached.toarray(), dense_x[slice(*INTERVALS[1])])

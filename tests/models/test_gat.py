@@ -31,30 +31,37 @@ def test_reference_layer_matches_pyg_gatconv(heads, concat):
     pyg = pytest.importorskip("torch_geometric.nn", reason="PyG is the oracle for the GAT layer")
     adj = gcn_normalize(SRC, DST, 6, symmetrize=False)
     layer = _layer(heads, concat)
-    w = gat.init_weight(layer, np.random.default_rng(0))
+    params = gat.init_params(layer, np.random.default_rng(0))
+    assert list(params) == ["weight", "att_src", "att_dst", "bias"] and not params["bias"].any()
     rng = np.random.default_rng(1)
+    params["bias"] = rng.standard_normal(params["bias"].shape).astype(np.float32)  # not zero: it must show
     x = torch.from_numpy(rng.standard_normal((6, 6)).astype(np.float32))
     upstream = torch.from_numpy(rng.standard_normal((6, layer.output_width)).astype(np.float32))
 
-    ours_x, ours_w = x.clone().requires_grad_(), torch.from_numpy(w).requires_grad_()
-    ours = gat.reference_layer(layer, whole_graph(adj), ours_x, ours_w, (SEED, EPOCH, 1), training=False)
+    ours_x = x.clone().requires_grad_()
+    ours_p = {name: torch.from_numpy(value).requires_grad_() for name, value in params.items()}
+    ours = gat.reference_layer(layer, whole_graph(adj), ours_x, ours_p, (SEED, EPOCH, 1), training=False)
     (ours * upstream).sum().backward()
 
-    conv = pyg.GATConv(6, 4, heads=heads, concat=concat, negative_slope=0.2, add_self_loops=True, bias=False)
+    # PyG's defaults: bias=True (added after the heads are concatenated or averaged)
+    conv = pyg.GATConv(6, 4, heads=heads, concat=concat, negative_slope=0.2, add_self_loops=True)
     with torch.no_grad():
-        conv.lin.weight.copy_(torch.from_numpy(w[:-2].T))
-        conv.att_dst.copy_(torch.from_numpy(w[-2].reshape(1, heads, 4)))
-        conv.att_src.copy_(torch.from_numpy(w[-1].reshape(1, heads, 4)))
+        conv.lin.weight.copy_(torch.from_numpy(params["weight"].T))
+        conv.att_src.copy_(torch.from_numpy(params["att_src"]).view(1, heads, 4))
+        conv.att_dst.copy_(torch.from_numpy(params["att_dst"]).view(1, heads, 4))
+        conv.bias.copy_(torch.from_numpy(params["bias"]))
     theirs_x = x.clone().requires_grad_()
     theirs = conv(theirs_x, torch.from_numpy(np.stack([SRC, DST])))
     (theirs * upstream).sum().backward()
 
-    # float32 softmax over at most 4 entries and 6-term products: ~1e-6 relative.
+    # float32 softmax over at most 4 entries and 6-term products (a few ulp each, ~1e-7
+    # relative) summed in another order: rtol 1e-5 with an atol of 1e-6 for entries near 0.
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ours_x.grad, theirs_x.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ours_w.grad[:-2], conv.lin.weight.grad.T, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ours_w.grad[-2], conv.att_dst.grad.reshape(-1), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ours_w.grad[-1], conv.att_src.grad.reshape(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_p["weight"].grad, conv.lin.weight.grad.T, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_p["att_src"].grad, conv.att_src.grad.view(heads, 4), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_p["att_dst"].grad, conv.att_dst.grad.view(heads, 4), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_p["bias"].grad, conv.bias.grad, rtol=1e-5, atol=1e-6)
 
 
 def _local_graph() -> CsrGraph:
@@ -124,37 +131,56 @@ def test_vertex_functions_match_autograd(act_in, p):
     rng = np.random.default_rng(5)
     src = rng.standard_normal((n, 4)).astype(np.float32)
     ids = np.arange(100, 100 + n)
-    w = rng.standard_normal((6, heads * width)).astype(np.float32)
+    params = {"weight": rng.standard_normal((4, heads * width)).astype(np.float32),
+              "att_src": rng.standard_normal((heads, width)).astype(np.float32),
+              "att_dst": rng.standard_normal((heads, width)).astype(np.float32),
+              "bias": rng.standard_normal(heads * width).astype(np.float32)}
     args = {"dropout": p, "act_in": act_in, "heads": heads, "seed": SEED, "epoch": EPOCH, "training": True,
             "train_count": 1}
-    projected, scores = gat.compute("AV", 1, [src, ids], w, args).rows
+    projected, scores = gat.compute("AV", 1, [src, ids], params, args).rows
 
-    src_t, w_t = torch.from_numpy(src).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    src_t = torch.from_numpy(src).requires_grad_()
+    t = {name: torch.from_numpy(value).requires_grad_() for name, value in params.items()}
     h = torch.nn.functional.elu(src_t) if act_in else src_t
     if p:
         from dorylus.masks import keep_mask
 
         h = h * torch.from_numpy(keep_mask(SEED, EPOCH, 1, ids, 4, p)) / (1 - p)
-    p_t = h @ w_t[:-2]
+    p_t = h @ t["weight"]
     per_head = p_t.view(n, heads, width)
-    s_t = torch.cat([(per_head * w_t[-2].view(heads, width)).sum(-1), (per_head * w_t[-1].view(heads, width)).sum(-1)], 1)
+    s_t = torch.cat([(per_head * t["att_dst"]).sum(-1), (per_head * t["att_src"]).sum(-1)], 1)
     np.testing.assert_allclose(projected, p_t.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(scores, s_t.detach().numpy(), rtol=1e-5, atol=1e-6)
+    gathered = rng.standard_normal((n, heads * width)).astype(np.float32)  # as if from GA
+    (y,) = gat.compute("BIAS", 1, [gathered], params, args).rows
+    np.testing.assert_allclose(y, gathered + params["bias"], rtol=1e-6)
 
     grad_p = rng.standard_normal(projected.shape).astype(np.float32)
     grad_s = rng.standard_normal(scores.shape).astype(np.float32)
-    ((p_t * torch.from_numpy(grad_p)).sum() + (s_t * torch.from_numpy(grad_s)).sum()).backward()
-    result = gat.compute("AV_BWD", 1, [grad_p, grad_s, src, ids], w, args)
-    np.testing.assert_allclose(result.grad_w, w_t.grad.numpy(), rtol=1e-4, atol=1e-5)
+    grad_y = rng.standard_normal((n, heads * width)).astype(np.float32)
+    y_t = torch.from_numpy(gathered) + t["bias"]
+    ((p_t * torch.from_numpy(grad_p)).sum() + (s_t * torch.from_numpy(grad_s)).sum()
+     + (y_t * torch.from_numpy(grad_y)).sum()).backward()
+    result = gat.compute("AV_BWD", 1, [grad_p, grad_s, grad_y, src, ids], params, args)
+    assert list(result.grads) == list(params)
+    for name in params:
+        np.testing.assert_allclose(result.grads[name], t[name].grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
     np.testing.assert_allclose(result.rows[0], src_t.grad.numpy(), rtol=1e-4, atol=1e-5)
-    assert gat.compute("AV_BWD", 0, [grad_p, grad_s, src, ids], w, {**args, "act_in": None}).rows == []
+    assert gat.compute("AV_BWD", 0, [grad_p, grad_s, grad_y, src, ids], params, {**args, "act_in": None}).rows == []
 
 
-def test_weight_packs_attention_vectors_and_names_bad_shapes():
+def test_parameters_are_named_and_bad_shapes_are_named():
     layer = _layer(heads=8, concat=True, in_dim=1433, out_dim=8)
-    assert gat.weight_shape(layer) == (1435, 64)
-    w = gat.init_weight(layer, np.random.default_rng(0))
-    assert w.shape == (1435, 64) and np.abs(w[-2:]).max() <= np.sqrt(6 / 16)
+    assert gat.params(layer) == {"weight": (1433, 64), "att_src": (8, 8), "att_dst": (8, 8), "bias": (64,)}
+    assert gat.params(_layer(heads=2, concat=False))["bias"] == (4,)  # averaged heads: one head's width
+    params = gat.init_params(layer, np.random.default_rng(0))
+    assert {k: v.shape for k, v in params.items()} == gat.params(layer)
+    assert np.abs(params["att_src"]).max() <= np.sqrt(6 / 16) and not params["bias"].any()
     args = {"heads": 3, "seed": 0, "epoch": 1, "training": True}
+    bad = {"weight": np.ones((3, 4), np.float32), "att_src": np.ones((2, 2), np.float32),
+           "att_dst": np.ones((2, 2), np.float32), "bias": np.ones(4, np.float32)}
     with pytest.raises(ValueError, match="3 heads"):
-        gat.compute("AV", 0, [np.ones((2, 3), np.float32), np.arange(2)], np.ones((5, 4), np.float32), args)
+        gat.compute("AV", 0, [np.ones((2, 3), np.float32), np.arange(2)], bad, args)
+    with pytest.raises(ValueError, match=r"missing \['att_dst'\]"):
+        gat.compute("AV", 0, [np.ones((2, 3), np.float32), np.arange(2)],
+                    {k: v for k, v in bad.items() if k != "att_dst"}, {**args, "heads": 2})

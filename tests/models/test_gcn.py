@@ -55,12 +55,13 @@ def _args(**kw) -> dict:
 
 
 def _inputs(n: int = 9, fin: int = 6, fout: int = 4, seed: int = 0):
-    """Rows of ``src`` (mixed signs, so ReLU matters), global ids (not 0..n-1) and ``W``."""
+    """Rows of ``src`` (mixed signs, so ReLU matters), global ids (not 0..n-1) and the layer's
+    parameters ``{"weight": W, "bias": b}`` (a bias that is not zero, so that it shows)."""
     rng = np.random.default_rng(seed)
     src = rng.standard_normal((n, fin)).astype(np.float32)
     ids = rng.choice(10_000, n, replace=False).astype(np.int64)
     w = (rng.standard_normal((fin, fout)) * 0.5).astype(np.float32)
-    return src, ids, w
+    return src, ids, {"weight": w, "bias": rng.standard_normal(fout).astype(np.float32)}
 
 
 def _prepared(src_t: torch.Tensor, ids: np.ndarray, layer: int, p: float, act_in: str | None,
@@ -115,32 +116,46 @@ def test_prep_backward_matches_autograd(act_in, p):
 @pytest.mark.parametrize("act_in,p", CASES)
 @pytest.mark.parametrize("training", [True, False])
 def test_av_project_first_matches_torch(act_in, p, training):
-    src, ids, w = _inputs(fin=6, fout=4)
+    """Project-first AV is ``H W`` alone: the bias is added after Gather (BIAS, or LOSS)."""
+    src, ids, params = _inputs(fin=6, fout=4)
     args = _args(dropout=p, act_in=act_in, project_first=True, training=training)
-    result = compute("AV", 1, [src, ids], w, args)
-    assert result.grad_w is None and len(result.rows) == 1
-    _close(result.rows[0], _prepared(_t(src), ids, 1, p, act_in, training) @ _t(w))
+    result = compute("AV", 1, [src, ids], params, args)
+    assert result.grads is None and len(result.rows) == 1
+    _close(result.rows[0], _prepared(_t(src), ids, 1, p, act_in, training) @ _t(params["weight"]))
 
 
-def test_av_gather_first_is_the_product_only():
-    """Gather-first AV multiplies the gathered rows; ReLU and dropout happened in PREP."""
-    z, _, w = _inputs(fin=4, fout=6)
+def test_bias_adds_the_bias_after_gather():
+    g, _, params = _inputs(fin=4, fout=4)
+    (y,) = compute("BIAS", 1, [g], params, _args()).rows
+    _close(y, _t(g) + _t(params["bias"]))
+
+
+def test_av_gather_first_is_the_product_and_bias_only():
+    """Gather-first AV multiplies the gathered rows and adds the bias; ReLU and dropout happened in PREP."""
+    z, _, params = _inputs(fin=4, fout=6)
     for args in (_args(project_first=False), _args(project_first=False, act_in="relu", dropout=0.5)):
-        result = compute("AV", 1, [z], w, args)
-        assert result.grad_w is None and len(result.rows) == 1
-        _close(result.rows[0], _t(z) @ _t(w))
+        result = compute("AV", 1, [z], params, args)
+        assert result.grads is None and len(result.rows) == 1
+        _close(result.rows[0], _t(z) @ _t(params["weight"]) + _t(params["bias"]))
 
 
 @pytest.mark.parametrize("act_in,p", CASES)
 @pytest.mark.parametrize("layer", [0, 1])
 def test_av_backward_project_first_matches_autograd(act_in, p, layer):
-    src, ids, w = _inputs(fin=6, fout=4)
-    grad_p = np.random.default_rng(2).standard_normal((src.shape[0], w.shape[1])).astype(np.float32)
-    src_t, w_t = _t(src, grad=True), _t(w, grad=True)
-    (_prepared(src_t, ids, layer, p, act_in) @ w_t).backward(_t(grad_p))
+    """``Y = A (H W) + b``: from ``dP = A^T dY`` and ``dY``, the gradients of W, b and src."""
+    src, ids, params = _inputs(fin=6, fout=4)
+    rng = np.random.default_rng(2)
+    a_hat = (rng.random((9, 9)) * (rng.random((9, 9)) < 0.5)).astype(np.float32)
+    grad_y = rng.standard_normal((src.shape[0], 4)).astype(np.float32)
+    src_t, w_t, b_t = _t(src, grad=True), _t(params["weight"], grad=True), _t(params["bias"], grad=True)
+    (_t(a_hat) @ (_prepared(src_t, ids, layer, p, act_in) @ w_t) + b_t).backward(_t(grad_y))
 
-    result = compute("AV_BWD", layer, [grad_p, src, ids], w, _args(dropout=p, act_in=act_in, project_first=True))
-    _close(result.grad_w, w_t.grad)
+    grad_p = (a_hat.T @ grad_y).astype(np.float32)
+    result = compute("AV_BWD", layer, [grad_p, grad_y, src, ids], params,
+                     _args(dropout=p, act_in=act_in, project_first=True))
+    assert list(result.grads) == ["weight", "bias"]
+    _close(result.grads["weight"], w_t.grad)
+    _close(result.grads["bias"], b_t.grad)
     if layer == 0:  # no gradient flows into the input features
         assert result.rows == []
     else:
@@ -155,19 +170,20 @@ def test_av_backward_gather_first_matches_autograd(act_in, p, layer):
     """AV_BWD gives dW and dZ; chained with A_hat^T (GA_BWD) and PREP_BWD it gives d src through
     ReLU and dropout. Layer 0's AV_BWD writes nothing."""
     rng = np.random.default_rng(3)
-    src, ids, w = _inputs(n=7, fin=4, fout=6)
+    src, ids, params = _inputs(n=7, fin=4, fout=6)
     a_hat = rng.random((7, 7)).astype(np.float32) * (rng.random((7, 7)) < 0.5)
-    grad_y = rng.standard_normal((7, w.shape[1])).astype(np.float32)
-    src_t, w_t = _t(src, grad=True), _t(w, grad=True)
+    grad_y = rng.standard_normal((7, 6)).astype(np.float32)
+    src_t, w_t, b_t = _t(src, grad=True), _t(params["weight"], grad=True), _t(params["bias"], grad=True)
     z_t = _t(a_hat) @ _prepared(src_t, ids, layer, p, act_in)
     z_t.retain_grad()
-    (z_t @ w_t).backward(_t(grad_y))
+    (z_t @ w_t + b_t).backward(_t(grad_y))
 
     args = _args(dropout=p, act_in=act_in, project_first=False)
     (h,) = compute("PREP", layer, [src, ids], None, args).rows
     z = a_hat @ h
-    result = compute("AV_BWD", layer, [z, grad_y], w, args)
-    _close(result.grad_w, w_t.grad)
+    result = compute("AV_BWD", layer, [z, grad_y], params, args)
+    _close(result.grads["weight"], w_t.grad)
+    _close(result.grads["bias"], b_t.grad)
     if layer == 0:
         assert result.rows == []
         return
@@ -200,6 +216,11 @@ def _expected_counts(logits: np.ndarray, labels: np.ndarray, split: np.ndarray) 
             for name, bit in (("train", TRAIN), ("val", VAL), ("test", TEST))}
 
 
+def _no_bias(classes: int = 5) -> dict:
+    """A last layer's parameters whose bias is zero: LOSS then sees the logits as given."""
+    return {"weight": np.zeros((3, classes), np.float32), "bias": np.zeros(classes, np.float32)}
+
+
 def test_loss_matches_torch_cross_entropy():
     logits, labels, split = _loss_inputs()
     train_count = int(((split & TRAIN) != 0).sum()) + 11  # global count: other intervals hold 11 more
@@ -207,8 +228,8 @@ def test_loss_matches_torch_cross_entropy():
     loss_t = _torch_loss(logits_t, labels, split, train_count)
     loss_t.backward()
 
-    result = compute("LOSS", 1, [logits, labels, split], None, _args(train_count=train_count))
-    assert result.grad_w is None
+    result = compute("LOSS", 1, [logits, labels, split], _no_bias(), _args(train_count=train_count))
+    assert result.grads is None
     assert isinstance(result.meta["loss"], float)
     assert result.meta["loss"] == pytest.approx(loss_t.item(), rel=1e-5)
     (grad,) = result.rows
@@ -219,15 +240,29 @@ def test_loss_matches_torch_cross_entropy():
     assert all(type(v) is int for v in counts.values())
     assert 0 < sum(counts.values()) < len(labels)
 
-    evaluation = compute("LOSS", 1, [logits, labels, split], None, _args(train_count=train_count, training=False))
-    assert evaluation.rows == [] and evaluation.grad_w is None
+    evaluation = compute("LOSS", 1, [logits, labels, split], _no_bias(), _args(train_count=train_count,
+                                                                                 training=False))
+    assert evaluation.rows == [] and evaluation.grads is None
     assert evaluation.meta == result.meta
+
+
+def test_loss_adds_the_bias_to_the_gathered_rows():
+    """The logits of a last layer that projects first are ``G + b``; dY is d(logits)."""
+    gathered, labels, split = _loss_inputs()
+    params = {**_no_bias(), "bias": np.random.default_rng(9).standard_normal(5).astype(np.float32)}
+    logits_t = _t(gathered, grad=True) + _t(params["bias"])
+    logits_t.retain_grad()
+    loss_t = _torch_loss(logits_t, labels, split, 40)
+    loss_t.backward()
+    result = compute("LOSS", 1, [gathered, labels, split], params, _args(train_count=40))
+    assert result.meta["loss"] == pytest.approx(loss_t.item(), rel=1e-5)
+    _close(result.rows[0], logits_t.grad)
 
 
 def test_loss_is_stable_for_large_logits():
     logits, labels, split = _loss_inputs()
     logits = logits * np.float32(1e4)  # exp overflows float32 without the max shift
-    result = compute("LOSS", 1, [logits, labels, split], None, _args(train_count=100))
+    result = compute("LOSS", 1, [logits, labels, split], _no_bias(), _args(train_count=100))
     assert np.isfinite(result.meta["loss"]) and np.all(np.isfinite(result.rows[0]))
     logits_t = _t(logits, grad=True)
     loss_t = _torch_loss(logits_t, labels, split, 100)
@@ -251,26 +286,28 @@ def test_av_loss_fused_matches_autograd(layer):
     rng = np.random.default_rng(5)
     z = rng.standard_normal((30, 6)).astype(np.float32)
     w = rng.standard_normal((6, 5)).astype(np.float32)
+    params = {"weight": w, "bias": rng.standard_normal(5).astype(np.float32)}
     train_count = int(((split & TRAIN) != 0).sum()) + 4
-    z_t, w_t = _t(z, grad=True), _t(w, grad=True)
-    logits_t = z_t @ w_t
+    z_t, w_t, b_t = _t(z, grad=True), _t(w, grad=True), _t(params["bias"], grad=True)
+    logits_t = z_t @ w_t + b_t
     loss_t = _torch_loss(logits_t, labels, split, train_count)
     loss_t.backward()
 
     args = _args(project_first=False, act_in="relu" if layer > 0 else None, dropout=0.5, train_count=train_count)
-    result = compute("AV_LOSS", layer, [z, labels, split], w, args)
+    result = compute("AV_LOSS", layer, [z, labels, split], params, args)
     assert result.meta["loss"] == pytest.approx(loss_t.item(), rel=1e-5)
-    _close(result.grad_w, w_t.grad)
+    _close(result.grads["weight"], w_t.grad)
+    _close(result.grads["bias"], b_t.grad)
     if layer == 0:
         assert result.rows == []
     else:
         (grad_z,) = result.rows
         _close(grad_z, z_t.grad)
     counts = {k: v for k, v in result.meta.items() if k.startswith("correct_")}
-    assert counts == _expected_counts(z @ w, labels, split)
+    assert counts == _expected_counts(z @ w + params["bias"], labels, split)
 
-    evaluation = compute("AV_LOSS", layer, [z, labels, split], w, {**args, "training": False})
-    assert evaluation.rows == [] and evaluation.grad_w is None
+    evaluation = compute("AV_LOSS", layer, [z, labels, split], params, {**args, "training": False})
+    assert evaluation.rows == [] and evaluation.grads is None
     assert evaluation.meta == result.meta
 
 
@@ -280,24 +317,31 @@ def test_av_loss_fused_matches_autograd(layer):
 def test_bad_inputs_are_named_value_errors():
     src, ids, w = _inputs(fin=6, fout=4)
     logits, labels, split = _loss_inputs(n=10)
+    nb = _no_bias()
     bad = [
-        (lambda: compute("AV", 1, [src, ids], w[:5], _args()), "w has 5 rows"),
+        (lambda: compute("AV", 1, [src, ids], {**w, "weight": w["weight"][:5]}, _args()), "w has 5 rows"),
         (lambda: compute("AV", 1, [src[:, :5]], w, _args(project_first=False)), "w has 6 rows"),
         (lambda: compute("AV", 1, [src[0], ids[:1]], w, _args()), "src must be a 2-D matrix"),
         (lambda: compute("AV", 1, [src, ids[:-1]], w, _args()), "ids has shape"),
+        (lambda: compute("AV", 1, [src, ids], None, _args()), "needs the layer's parameters"),
+        (lambda: compute("AV", 1, [src, ids], {"weight": w["weight"]}, _args()), r"missing \['bias'\]"),
+        (lambda: compute("AV", 1, [src, ids], {**w, "att": w["bias"]}, _args()), r"unknown \['att'\]"),
+        (lambda: compute("AV", 1, [src, ids], {**w, "bias": w["bias"][:3]}, _args()), "bias has 3 entries"),
+        (lambda: compute("AV", 1, [src, ids], {**w, "bias": w["weight"]}, _args()), "parameter bias has shape"),
         (lambda: compute("PREP", 1, [src, ids[:, None]], None, _args()), "ids has shape"),
         (lambda: compute("AV_LOSS", 1, [src[:, :5], labels[:9], split[:9]], w, _args(train_count=9)),
          "w has 6 rows"),
-        (lambda: compute("LOSS", 1, [logits, labels[:-1], split], None, _args(train_count=9)), "labels must be"),
-        (lambda: compute("LOSS", 1, [logits, labels.astype(np.float32), split], None, _args(train_count=9)),
+        (lambda: compute("BIAS", 1, [src], w, _args()), "G has shape"),
+        (lambda: compute("LOSS", 1, [logits, labels[:-1], split], nb, _args(train_count=9)), "labels must be"),
+        (lambda: compute("LOSS", 1, [logits, labels.astype(np.float32), split], nb, _args(train_count=9)),
          "labels must be"),
-        (lambda: compute("LOSS", 1, [logits, labels, split.astype(np.int64)], None, _args(train_count=9)),
+        (lambda: compute("LOSS", 1, [logits, labels, split.astype(np.int64)], nb, _args(train_count=9)),
          "split must be uint8"),
-        (lambda: compute("LOSS", 1, [logits[0], labels, split], None, _args(train_count=9)),
-         "logits must be a 2-D matrix"),
-        (lambda: compute("LOSS", 1, [logits, np.where(split != 0, 99, labels), split], None, _args(train_count=99)),
+        (lambda: compute("LOSS", 1, [logits[0], labels, split], nb, _args(train_count=9)),
+         "G must be a 2-D matrix"),
+        (lambda: compute("LOSS", 1, [logits, np.where(split != 0, 99, labels), split], nb, _args(train_count=99)),
          "has label 99"),
-        (lambda: compute("LOSS", 1, [logits, labels, split], None, _args(train_count=0)), "train_count"),
+        (lambda: compute("LOSS", 1, [logits, labels, split], nb, _args(train_count=0)), "train_count"),
         (lambda: compute("AE", 1, [src], w, _args()), "gcn has no task 'AE'"),
     ]
     for call, match in bad:
@@ -323,8 +367,8 @@ def test_mismatched_backward_shapes_are_value_errors(case):
 
 def test_get_model_finds_gcn():
     assert get_model("gcn") is gcn
-    with pytest.raises(ValueError, match="unknown model 'gin'"):
-        get_model("gin")
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        get_model("nope")
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -342,7 +386,7 @@ F_, G_, GB, V_ = FUNCTION, GATHER, GATHER_BACKWARD, VERTEX
 # (kind, task, layer) of every training stage, in order; the evaluation pass is the forward part.
 SHAPES = {
     "1433-16-7": ((1433, 16, 7), [
-        (F_, "AV", 0), (G_, "GA", 0), (F_, "AV", 1), (G_, "GA", 1), (F_, "LOSS", 1),
+        (F_, "AV", 0), (G_, "GA", 0), (F_, "BIAS", 0), (F_, "AV", 1), (G_, "GA", 1), (F_, "LOSS", 1),
         (GB, "GA_BWD", 1), (F_, "AV_BWD", 1), (GB, "GA_BWD", 0), (F_, "AV_BWD", 0)]),
     "8-16-7": ((8, 16, 7), [
         (V_, "PREP", 0), (G_, "GA", 0), (F_, "AV", 0), (F_, "AV", 1), (G_, "GA", 1), (F_, "LOSS", 1),
@@ -353,10 +397,10 @@ SHAPES = {
         (GB, "GA_BWD", 2), (V_, "PREP_BWD", 2), (F_, "AV_BWD", 1), (GB, "GA_BWD", 1), (V_, "PREP_BWD", 1),
         (F_, "AV_BWD", 0)]),
     "8-4-7": ((8, 4, 7), [
-        (F_, "AV", 0), (G_, "GA", 0), (V_, "PREP", 1), (G_, "GA", 1), (F_, "AV_LOSS", 1),
+        (F_, "AV", 0), (G_, "GA", 0), (F_, "BIAS", 0), (V_, "PREP", 1), (G_, "GA", 1), (F_, "AV_LOSS", 1),
         (GB, "GA_BWD", 1), (V_, "PREP_BWD", 1), (GB, "GA_BWD", 0), (F_, "AV_BWD", 0)]),
 }
-FORWARD_TASKS = {"PREP", "GA", "AV", "LOSS", "AV_LOSS"}
+FORWARD_TASKS = {"PREP", "GA", "AV", "BIAS", "LOSS", "AV_LOSS"}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -419,7 +463,7 @@ def test_plan_reads_and_writes_chain(shape):
     for layer in spec.layers:
         l = layer.index
         if projects_first(layer):
-            assert all(plan.widths[f"{b}{l}"] == layer.out_dim for b in ("P", "Y", "dY", "dP"))
+            assert all(plan.widths[f"{b}{l}"] == layer.out_dim for b in ("P", "G", "dY", "dP"))
         else:
             assert all(plan.widths[f"{b}{l}"] == layer.in_dim for b in ("H", "Z", "dZ", "dH"))
             assert plan.widths[f"Y{l}"] == plan.widths[f"dY{l}"] == layer.out_dim
@@ -427,7 +471,7 @@ def test_plan_reads_and_writes_chain(shape):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_plan_gradients(shape):
-    """One dW push per layer; forward pins, backward uses the stash; no gradient for the features."""
+    """One gradient push per layer; forward pins, backward uses the stash; no gradient for the features."""
     dims, _ = SHAPES[shape]
     plan = build_plan(make_spec(dims))
     layers = len(dims) - 1
@@ -438,10 +482,10 @@ def test_plan_gradients(shape):
             assert s.kind == FUNCTION and s.weights in (STASH, PIN)
         if s.kind in (FUNCTION, VERTEX) and s.task in FORWARD_TASKS:
             assert not s.backward
-            assert s.weights == (PIN if s.task in ("AV", "AV_LOSS") else None)
+            assert s.weights == (PIN if s.task in ("AV", "AV_LOSS", "BIAS", "LOSS") else None)
         if s.task == "AV_BWD":
             assert s.weights == STASH and s.backward
-        if s.layer == 0 and s.kind in (FUNCTION, VERTEX) and s.task not in ("PREP", "AV", "GA"):
+        if s.layer == 0 and s.kind in (FUNCTION, VERTEX) and s.task not in ("PREP", "AV", "GA", "BIAS"):
             assert s.writes == (), f"layer 0's {s.task} writes {s.writes}: no gradient flows into the features"
     names = {n for s in plan.train for n in (*s.reads, *s.writes)}
     assert "dX" not in names and not any(n.startswith("d") and n[1:] in STATIC for n in names)
@@ -456,7 +500,7 @@ def test_evaluation_plan_pins_nothing_and_writes_no_gradients(shape):
         assert not any(n.startswith("d") for n in s.writes), s
         if s.task in ("LOSS", "AV_LOSS"):
             assert s.writes == ()
-    assert sum(s.weights == NEWEST for s in plan.evaluate) == len(dims) - 1
+    assert {s.layer for s in plan.evaluate if s.weights == NEWEST} == set(range(len(dims) - 1))
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -488,8 +532,11 @@ def test_training_plan_matches_reference_autograd(shape, dropout, intervals):
     split = statics["split"]
     train_count = int(((split & TRAIN) != 0).sum())
     model = ReferenceModel(spec, SEED)
-    weights = [w.detach().numpy().copy() for w in model.weights]
-    interp = Interpreter(gcn, plan, whole_graph(adj), statics, weights, intervals, train_count, SEED)
+    with torch.no_grad():  # biases that are not zero, so that the forward shows where each is added
+        for layer in model.layers:
+            layer["bias"].copy_(torch.linspace(-0.5, 0.5, layer["bias"].shape[0]))
+    params = [{name: p.detach().numpy().copy() for name, p in layer.items()} for layer in model.layers]
+    interp = Interpreter(gcn, plan, whole_graph(adj), statics, params, intervals, train_count, SEED)
 
     meta, grads = interp.run(training=True, epoch=EPOCH)
 
@@ -507,11 +554,12 @@ def test_training_plan_matches_reference_autograd(shape, dropout, intervals):
     # 1e-4 relative with an absolute floor at 1e-5 of each gradient's scale.
     assert meta["loss"] == pytest.approx(loss.item(), rel=1e-5)
     assert sorted(grads) == list(range(len(spec.layers)))
-    for l, weight in enumerate(model.weights):
-        expected = weight.grad.double().numpy()
-        np.testing.assert_allclose(grads[l], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max(),
-                                   err_msg=f"dW{l}")
-        assert np.abs(expected).max() > 0
+    for l, layer in enumerate(model.layers):
+        for name, param in layer.items():
+            expected = param.grad.double().numpy()
+            np.testing.assert_allclose(grads[l][name], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max(),
+                                       err_msg=f"layer {l} {name}")
+            assert np.abs(expected).max() > 0
     predicted = logits.argmax(dim=1)
     for name, mask in masks.items():
         want = int((predicted[mask] == labels_t[mask]).sum())
@@ -533,10 +581,11 @@ def test_results_do_not_depend_on_intervals(shape):
     spec = make_spec(dims, dropout=0.5)
     plan = build_plan(spec)
     adj, _, statics = _tiny_graph(dims[0], dims[-1], seed=1)
-    weights = spec.init_weights(SEED)
-    runs = [Interpreter(gcn, plan, whole_graph(adj), statics, weights, cut, 3, SEED).run(True, EPOCH)
+    params = spec.init_params(SEED)
+    runs = [Interpreter(gcn, plan, whole_graph(adj), statics, params, cut, 3, SEED).run(True, EPOCH)
             for cut in ([(0, 6)], [(0, 1), (1, 4), (4, 6)])]
     (meta_a, grads_a), (meta_b, grads_b) = runs
     assert meta_a["loss"] == pytest.approx(meta_b["loss"], rel=1e-6)
     for l in grads_a:
-        np.testing.assert_allclose(grads_a[l], grads_b[l], rtol=1e-5, atol=1e-7)
+        for name in grads_a[l]:
+            np.testing.assert_allclose(grads_a[l][name], grads_b[l][name], rtol=1e-5, atol=1e-7)

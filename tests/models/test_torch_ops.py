@@ -1,6 +1,6 @@
 """The torch twin of the models' vertex functions: ``compute(..., ops=torch_ops)`` against the
 numpy ``compute`` every other role runs, task by task, for every model (values, the gradients
-each backward task returns, and ``grad_w``), and the device dropout mask against the numpy one.
+each backward task returns, and ``grads``), and the device dropout mask against the numpy one.
 
 Runs on torch's CPU device; on CUDA too where present.
 
@@ -79,7 +79,7 @@ def test_compute_twin_equals_numpy(config, sparse, device):
                                  NUM_CLASSES)
     model = get_model(spec.arch)
     plan = model.build_plan(spec)
-    weights = spec.init_weights(seed=3)
+    params = spec.init_params(seed=3)
     rng = np.random.default_rng(11)
     seen = set()
     for pass_, stages in (("train", plan.train), ("eval", plan.evaluate)):
@@ -87,20 +87,24 @@ def test_compute_twin_equals_numpy(config, sparse, device):
             if stage.kind not in (FUNCTION, VERTEX):
                 continue
             host, rows = _stage_inputs(plan, stage, spec, rng, sparse)
-            w = weights[stage.layer] if stage.weights else None
+            layer_params = params[stage.layer] if stage.weights else None
             args = {**dict(stage.args), "seed": 5, "epoch": 2, "training": pass_ == "train", "train_count": 17}
-            want = model.compute(stage.task, stage.layer, host, w, args)
-            got = model.compute(stage.task, stage.layer, [r.to(device) for r in rows],
-                                None if w is None else torch.from_numpy(w).to(device), args, ops=torch_ops)
+            want = model.compute(stage.task, stage.layer, host, layer_params, args)
+            on_device = None if layer_params is None else {
+                name: torch.from_numpy(value).to(device) for name, value in layer_params.items()}
+            got = model.compute(stage.task, stage.layer, [r.to(device) for r in rows], on_device, args, ops=torch_ops)
             what = f"{config} {pass_} {stage.task} layer {stage.layer}"
             assert len(got.rows) == len(want.rows) == (len(stage.writes) if pass_ == "train" or stage.task not in
                                                        ("LOSS", "AV_LOSS") else 0), what
             for name, g, expected in zip(stage.writes, got.rows, want.rows):
                 assert g.device.type == device
                 _close(g, np.asarray(expected), f"{what}: {name}")
-            assert (got.grad_w is None) == (want.grad_w is None), what
-            if want.grad_w is not None:
-                _close(got.grad_w, want.grad_w, f"{what}: grad_w")
+            assert (got.grads is None) == (want.grads is None), what
+            if want.grads is not None:
+                assert list(got.grads) == list(want.grads), what
+                for name, grad in want.grads.items():
+                    assert got.grads[name].device.type == device
+                    _close(got.grads[name], grad, f"{what}: {name}")
             assert set(got.meta) == set(want.meta), what
             for key, value in want.meta.items():
                 assert got.meta[key] == pytest.approx(value, rel=1e-5), (what, key)
