@@ -38,7 +38,6 @@ import collections
 import contextvars
 import json
 import time
-import warnings
 from typing import Any
 
 from graphserver.limiter import PriorityLimiter
@@ -82,12 +81,9 @@ _ATTEMPT: contextvars.ContextVar[_Attempt] = contextvars.ContextVar("dorylus_inv
 class LambdaInvoker:
     def __init__(self, endpoint_url: str | None, function_name: str, *, concurrency: int, timeout_s: float,
                  relaunch_min_s: float = 5.0, relaunch_ratio: float = 3.0, max_attempts: int = 4,
-                 region: str | None = None, max_throttle_retries: int = 10, backoff_s: float | None = None):
+                 region: str | None = None, max_throttle_retries: int = 10):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, not {max_attempts}")
-        if backoff_s is not None:
-            warnings.warn("LambdaInvoker(backoff_s=...) is ignored: botocore's standard retry mode sets the "
-                          "backoff", DeprecationWarning, stacklevel=2)
         self.endpoint_url = endpoint_url
         self.function_name = function_name
         self.region = region

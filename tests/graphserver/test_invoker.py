@@ -57,7 +57,7 @@ async def using(invoker: LambdaInvoker, coro_fn):
 
 
 def test_throttled_calls_are_retried_until_they_run(single):
-    invoker = LambdaInvoker(single.url, "sleep", concurrency=3, timeout_s=30, backoff_s=0.05)
+    invoker = LambdaInvoker(single.url, "sleep", concurrency=3, timeout_s=30)
 
     async def calls(inv):
         return await asyncio.gather(*(inv.invoke(event(i, seconds=0.3)) for i in range(3)))
