@@ -11,6 +11,8 @@ kind        entry ``(v, u)``                            as ``S`` with scales
 ==========  ==========================================  ===============================================
 ``gcn``     ``A_hat[v, u] = norm[v] norm[u]``           ``diag(row_norm) S diag(col_norm)``
 ``mean``    ``1 / indeg(v)`` for ``u != v``, 0 at v     ``diag(1 / indeg) (S - [I 0])``
+``sum``     1 for every in-edge and the self loop       ``S`` itself (``A + I``; GIN's sum, the self
+                                                        loop's ``1 + eps`` completed by the model)
 ==========  ==========================================  ===============================================
 
 with ``norm = (1 + indeg)^-1/2`` of the whole graph and ``indeg(v)`` row ``v``'s length less
@@ -38,7 +40,7 @@ import torch
 
 from dorylus.models import kernels
 
-KINDS = ("gcn", "mean")
+KINDS = ("gcn", "mean", "sum")
 
 
 def csr_tensor(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
@@ -165,6 +167,8 @@ class CsrGraph:
             out -= x[a:b]
             out *= self.inv_degree()[a:b, None]
             return out
+        if kind == "sum":
+            return kernels.gather(indptr, indices, x)
         raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
 
     def aggregate_transpose(self, kind: str, grad: np.ndarray) -> np.ndarray:
@@ -181,6 +185,8 @@ class CsrGraph:
             out = kernels.gather(indptr_t, indices_t, g)
             out[:self.num_rows] -= g
             return out
+        if kind == "sum":
+            return kernels.gather(indptr_t, indices_t, grad)
         raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
 
     # ------------------------------------------------------------------ torch matrices with values (devices)
@@ -199,6 +205,8 @@ class CsrGraph:
                 self._values[kind] = self.row_norm[rows] * self.col_norm[self.indices]
             elif kind == "mean":
                 self._values[kind] = np.where(self.indices == rows, np.float32(0), self.inv_degree()[rows])
+            elif kind == "sum":
+                self._values[kind] = np.ones(self.nnz, np.float32)
             else:
                 raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
         return self._values[kind]
@@ -224,6 +232,8 @@ class CsrGraph:
                 values = self.col_norm[cols_t] * self.row_norm[rows_t]
             elif kind == "mean":
                 values = np.where(cols_t == rows_t, np.float32(0), self.inv_degree()[rows_t])
+            elif kind == "sum":
+                values = np.ones(len(rows_t), np.float32)
             else:
                 raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
             self._matrices[key] = self._placed(csr_tensor(indptr_t, rows_t, values, (self.num_cols, self.num_rows)))
