@@ -17,11 +17,21 @@ output "function_name" {
 }
 
 output "instances" {
-  description = "EC2 instance ids by role, e.g. for `aws ssm start-session --target ID`."
+  description = "EC2 instance ids by role, e.g. for `aws ssm start-session --target ID`. Spot graph servers come and go: their groups are in graph_server_groups."
   value = {
     param_servers = aws_instance.param_server[*].id
     graph_servers = aws_instance.graph_server[*].id
   }
+}
+
+output "graph_server_groups" {
+  description = "Spot only: the Auto Scaling group of each graph server, by part (empty on-demand). `aws autoscaling describe-auto-scaling-groups --auto-scaling-group-names NAME` names its current instance."
+  value       = aws_autoscaling_group.graph_server[*].name
+}
+
+output "spot_events_log_group" {
+  description = "Spot only: the log group of interruption notices and graph-server terminations (null on-demand)."
+  value       = one(aws_cloudwatch_log_group.spot_events[*].name)
 }
 
 output "coordinator_instance_id" {

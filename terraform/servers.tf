@@ -1,6 +1,13 @@
 # Graph servers and parameter servers: EC2 in the private subnet at fixed addresses, no public
 # IP, IMDSv2 only, encrypted root volumes. User data installs the project and runs the role as a
 # systemd service from /etc/dorylus/cluster.json (see user_data.sh.tftpl).
+#
+# graph_server_market = "on-demand" (the default): one aws_instance per graph server.
+# graph_server_market = "spot": one Auto Scaling group of exactly one spot instance per graph
+# server, from a launch template that pins the part's fixed address on the primary interface.
+# One group per part, not one group for all: the cluster file names each part's host, so a
+# replacement must come back at the same address, and a launch template can pin an address only
+# for a group of one. The parameter servers stay on-demand: the first hosts the coordinator.
 
 data "aws_ec2_instance_type" "graph" {
   instance_type = var.graph_server_instance_type
@@ -30,6 +37,13 @@ locals {
     torch_pip_spec  = var.torch_pip_spec
     torch_index_url = var.torch_index_url
   }
+
+  graph_spot = var.graph_server_market == "spot"
+  # The instance metadata service the watcher (dorylus/spot.py) polls for an interruption or a
+  # termination notice; "off" where no notice can come (on-demand instances).
+  spot_watch = { graph = local.graph_spot ? "http://169.254.169.254" : "off", param = "off" }
+  # Spot pools the capacity-optimized allocation may choose among (one zone: one pool per type).
+  graph_spot_types = distinct(concat([var.graph_server_instance_type], var.graph_server_spot_types))
 }
 
 resource "aws_placement_group" "servers" {
@@ -53,7 +67,7 @@ resource "aws_instance" "param_server" {
   placement_group             = var.placement_group ? aws_placement_group.servers[0].id : null
   ebs_optimized               = true
   monitoring                  = var.detailed_monitoring
-  user_data                   = templatefile("${path.module}/user_data.sh.tftpl", merge(local.user_data_common, { role = "paramserver", index = count.index }))
+  user_data                   = templatefile("${path.module}/user_data.sh.tftpl", merge(local.user_data_common, { role = "paramserver", index = count.index, spot_watch = local.spot_watch.param }))
   user_data_replace_on_change = true
 
   metadata_options {
@@ -86,7 +100,7 @@ resource "aws_instance" "param_server" {
 
 resource "aws_instance" "graph_server" {
   # checkov:skip=CKV_AWS_126:Detailed (1-minute) monitoring is the detailed_monitoring variable, off by default: it is billed per instance and basic monitoring suffices for a training job.
-  count                       = var.graph_server_count
+  count                       = local.graph_spot ? 0 : var.graph_server_count
   ami                         = local.ami.graph
   instance_type               = var.graph_server_instance_type
   subnet_id                   = aws_subnet.private.id
@@ -98,19 +112,8 @@ resource "aws_instance" "graph_server" {
   placement_group             = var.placement_group ? aws_placement_group.servers[0].id : null
   ebs_optimized               = true
   monitoring                  = var.detailed_monitoring
-  user_data                   = templatefile("${path.module}/user_data.sh.tftpl", merge(local.user_data_common, { role = "graphserver", index = count.index }))
+  user_data                   = templatefile("${path.module}/user_data.sh.tftpl", merge(local.user_data_common, { role = "graphserver", index = count.index, spot_watch = local.spot_watch.graph }))
   user_data_replace_on_change = true
-
-  dynamic "instance_market_options" {
-    for_each = var.graph_server_spot ? [1] : []
-    content {
-      market_type = "spot"
-      spot_options {
-        spot_instance_type             = "one-time"
-        instance_interruption_behavior = "terminate"
-      }
-    }
-  }
 
   metadata_options {
     http_endpoint               = "enabled"
@@ -128,6 +131,136 @@ resource "aws_instance" "graph_server" {
 
   lifecycle {
     ignore_changes = [ami] # a newer Amazon Linux image must not replace a running cluster
+  }
+
+  depends_on = [
+    aws_s3_object.dorylus_wheel,
+    aws_route.private_nat,
+    aws_vpc_endpoint.s3,
+    aws_iam_role_policy.server,
+    aws_ec2_subnet_cidr_reservation.param_servers,
+    aws_ec2_subnet_cidr_reservation.graph_servers,
+  ]
+}
+
+# ----------------------------------------------------------------------------- spot graph servers
+
+resource "aws_launch_template" "graph_server" {
+  count                  = local.graph_spot ? var.graph_server_count : 0
+  name                   = "${var.name}-graphserver-${count.index}"
+  description            = "Dorylus ${var.name}: graph server ${count.index} (spot, fixed address)"
+  image_id               = local.ami.graph
+  instance_type          = var.graph_server_instance_type
+  key_name               = var.key_name
+  ebs_optimized          = true
+  update_default_version = true
+  user_data              = base64encode(templatefile("${path.module}/user_data.sh.tftpl", merge(local.user_data_common, { role = "graphserver", index = count.index, spot_watch = local.spot_watch.graph })))
+
+  iam_instance_profile {
+    name = aws_iam_instance_profile.server.name
+  }
+
+  # The part's fixed address: a replacement comes back where the cluster file says it is.
+  # (The group gives the subnet; security groups belong on the interface once one is named.)
+  network_interfaces {
+    device_index                = 0
+    private_ip_address          = local.graph_server_ips[count.index]
+    associate_public_ip_address = false
+    delete_on_termination       = true
+    security_groups             = [aws_security_group.servers.id]
+  }
+
+  monitoring {
+    enabled = var.detailed_monitoring
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda" # Amazon Linux 2023's root device (ami_id must keep it)
+    ebs {
+      volume_type           = "gp3"
+      volume_size           = var.root_volume_gb
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "volume"
+    tags          = merge(local.tags, { Name = "${var.name}-graphserver-${count.index}" })
+  }
+
+  tags = local.tags
+
+  lifecycle {
+    ignore_changes = [image_id] # a newer Amazon Linux image must not replace a running cluster
+  }
+}
+
+resource "aws_autoscaling_group" "graph_server" {
+  count               = local.graph_spot ? var.graph_server_count : 0
+  name                = "${var.name}-graphserver-${count.index}"
+  min_size            = 1
+  max_size            = 1
+  desired_capacity    = 1
+  vpc_zone_identifier = [aws_subnet.private.id]
+  placement_group     = var.placement_group ? aws_placement_group.servers[0].id : null
+  health_check_type   = "EC2"
+  # Capacity rebalancing launches the replacement *before* the at-risk instance goes; with the
+  # part's address pinned, that launch can only fail (the address is in use) until the old
+  # instance is gone, so it would add failed launches and nothing else. The rebalance
+  # recommendation still reaches the watcher on the instance (IMDS) and the event log
+  # (interruptions.tf), and the coordinator checkpoints on it.
+  capacity_rebalance        = false
+  wait_for_capacity_timeout = "15m"
+
+  mixed_instances_policy {
+    instances_distribution {
+      on_demand_base_capacity                  = 0
+      on_demand_percentage_above_base_capacity = 0
+      # The pools least likely to be interrupted, not the cheapest: an interruption costs the
+      # whole cluster half a checkpoint interval plus a replacement's boot.
+      spot_allocation_strategy = "capacity-optimized"
+    }
+
+    launch_template {
+      launch_template_specification {
+        launch_template_id = aws_launch_template.graph_server[count.index].id
+        version            = aws_launch_template.graph_server[count.index].latest_version
+      }
+
+      dynamic "override" {
+        for_each = local.graph_spot_types
+        content {
+          instance_type = override.value
+        }
+      }
+    }
+  }
+
+  # A graph server the group terminates keeps running this long after it is told (IMDS
+  # autoscaling/target-lifecycle-state, which the watcher polls), so the coordinator can
+  # checkpoint; then the termination goes ahead. Nothing completes the action early: that would
+  # need autoscaling:CompleteLifecycleAction on the servers' role for a saving of seconds.
+  initial_lifecycle_hook {
+    name                 = "checkpoint-before-terminating"
+    lifecycle_transition = "autoscaling:EC2_INSTANCE_TERMINATING"
+    heartbeat_timeout    = var.graph_server_termination_grace_s
+    default_result       = "CONTINUE"
+  }
+
+  dynamic "tag" {
+    for_each = merge(local.tags, { Name = "${var.name}-graphserver-${count.index}", "dorylus:role" = "graphserver", "dorylus:part" = tostring(count.index) })
+    content {
+      key                 = tag.key
+      value               = tag.value
+      propagate_at_launch = true
+    }
   }
 
   depends_on = [

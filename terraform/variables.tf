@@ -80,10 +80,37 @@ variable "graph_server_instance_type" {
   default     = "c5.2xlarge"
 }
 
-variable "graph_server_spot" {
-  description = "Run the graph servers as one-time spot instances (cheaper; AWS may reclaim them, which stops the run: resume it from its checkpoint)."
-  type        = bool
-  default     = false
+variable "graph_server_market" {
+  description = "\"on-demand\" (the default): one EC2 instance per graph server. \"spot\": each graph server is a spot instance in its own Auto Scaling group of one, which brings a replacement back at the same address after an interruption; a watcher on the instance tells the coordinator, which checkpoints at once (see docs/aws.md)."
+  type        = string
+  default     = "on-demand"
+
+  validation {
+    condition     = contains(["on-demand", "spot"], var.graph_server_market)
+    error_message = "graph_server_market must be \"on-demand\" or \"spot\"."
+  }
+}
+
+variable "graph_server_spot_types" {
+  description = "Spot only: further instance types a graph server may run as, beside graph_server_instance_type (more spot pools for the capacity-optimized allocation). Each must be offered in the servers' zone and hold a partition; the cluster's training config must suit all of them."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = length(var.graph_server_spot_types) <= 19 && alltrue([for t in var.graph_server_spot_types : can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", t))])
+    error_message = "graph_server_spot_types must be at most 19 instance type names such as \"c5n.2xlarge\" (an Auto Scaling group takes 20 types in all)."
+  }
+}
+
+variable "graph_server_termination_grace_s" {
+  description = "Spot only: how long a graph server the Auto Scaling group terminates (rebalancing, a health replacement, an instance refresh) keeps running after it is told, so that the coordinator can checkpoint (the lifecycle hook's heartbeat timeout). A spot interruption itself always gives two minutes."
+  type        = number
+  default     = 180
+
+  validation {
+    condition     = var.graph_server_termination_grace_s >= 30 && var.graph_server_termination_grace_s <= 7200 && floor(var.graph_server_termination_grace_s) == var.graph_server_termination_grace_s
+    error_message = "graph_server_termination_grace_s must be a whole number of seconds from 30 to 7200 (the lifecycle hook's limits)."
+  }
 }
 
 variable "param_server_count" {

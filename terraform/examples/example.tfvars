@@ -25,7 +25,7 @@ force_destroy_bucket = true # a demo: let `terraform destroy` delete the uploade
 
 graph_server_count         = 2
 graph_server_instance_type = "c5.2xlarge"
-graph_server_spot          = false # true: typically well under half the price, but AWS may reclaim them
+graph_server_market        = "on-demand" # "spot": well under half the price, AWS may reclaim them (spot.tfvars)
 param_server_count         = 1
 param_server_instance_type = "c5.xlarge"
 

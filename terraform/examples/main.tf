@@ -30,7 +30,8 @@ module "dorylus" {
   force_destroy_bucket          = var.force_destroy_bucket
   graph_server_count            = var.graph_server_count
   graph_server_instance_type    = var.graph_server_instance_type
-  graph_server_spot             = var.graph_server_spot
+  graph_server_market           = var.graph_server_market
+  graph_server_spot_types       = var.graph_server_spot_types
   param_server_count            = var.param_server_count
   param_server_instance_type    = var.param_server_instance_type
   function_zip                  = var.function_zip
@@ -59,6 +60,16 @@ output "store_url" {
 output "coordinator_instance_id" {
   description = "aws ssm start-session --target <id>, then run the coordinator there."
   value       = module.dorylus.coordinator_instance_id
+}
+
+output "graph_server_groups" {
+  description = "Spot: each graph server's Auto Scaling group."
+  value       = module.dorylus.graph_server_groups
+}
+
+output "spot_events_log_group" {
+  description = "Spot: the log of interruption notices and graph-server terminations."
+  value       = module.dorylus.spot_events_log_group
 }
 
 output "instances" {

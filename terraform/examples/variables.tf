@@ -35,9 +35,14 @@ variable "graph_server_instance_type" {
   default = "c5.2xlarge"
 }
 
-variable "graph_server_spot" {
-  type    = bool
-  default = false
+variable "graph_server_market" {
+  type    = string
+  default = "on-demand"
+}
+
+variable "graph_server_spot_types" {
+  type    = list(string)
+  default = []
 }
 
 variable "param_server_count" {

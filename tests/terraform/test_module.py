@@ -266,17 +266,18 @@ def test_the_example_sets_only_what_the_module_takes():
 # ----------------------------------------------------------------------------- user data
 
 
-def render_user_data(tf: dict, role: str, tmp_path: Path, cluster: dict) -> str:
+def render_user_data(tf: dict, role: str, tmp_path: Path, cluster: dict, spot_watch: str = "off") -> str:
     """templatefile() for the servers' user data: every ${name} must be a variable it is given."""
     template = (MODULE / "user_data.sh.tftpl").read_text()
-    given = set(tf["locals"]["user_data_common"]) | {"role", "index"}
+    given = set(tf["locals"]["user_data_common"]) | {"role", "index", "spot_watch"}
     used = set(re.findall(r"(?<!\$)\$\{(\w+)\}", template))
     assert used == given, (used ^ given)
     assert "%{" not in template and not re.search(r"(?<!\$)\$\{(?!\w+\})", template)
     values = {"cluster_json": json.dumps(cluster), "train_json": json.dumps({"model": "gcn"}), "region": "us-east-1",
               "wheel_uri": "s3://b/deploy/dorylus-0.1.0-py3-none-any.whl",
               "wheel_name": "dorylus-0.1.0-py3-none-any.whl", "torch_pip_spec": "torch==2.13.0",
-              "torch_index_url": "https://download.pytorch.org/whl/cpu", "role": role, "index": "1"}
+              "torch_index_url": "https://download.pytorch.org/whl/cpu", "role": role, "index": "1",
+              "spot_watch": spot_watch}
     rendered = re.sub(r"(?<!\$)\$\{(\w+)\}", lambda m: values[m[1]], template).replace("$${", "${")
     script = tmp_path / f"{role}.sh"
     script.write_text(rendered)
@@ -318,15 +319,18 @@ def read_store_meta(url):
 }
 
 
+@pytest.mark.parametrize("spot_watch", ["off", "http://169.254.169.254"])
 @pytest.mark.parametrize("role", ["graphserver", "paramserver"])
-def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role):
+def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role, spot_watch):
     cluster = {"format": "dorylus-cluster/1", "region": "us-east-1", "store": "s3://b/stores/x", "ssm_prefix": "/demo",
                "function": {"name": "demo-tensor"},
                "param_servers": [{"index": 0, "host": "10.42.1.8", "port": 5600},
                                  {"index": 1, "host": "10.42.1.9", "port": 5600}],
                "graph_servers": [{"part": 0, "host": "10.42.1.64", "port": 5500},
                                  {"part": 1, "host": "10.42.1.65", "port": 5500}]}
-    rendered = render_user_data(tf, role, tmp_path, cluster)
+    rendered = render_user_data(tf, role, tmp_path, cluster, spot_watch)
+    role_env = heredoc(rendered, "DORYLUS_ENV", "cat >/etc/dorylus/role.env")
+    assert f"DORYLUS_SPOT_WATCH={spot_watch}" in role_env.splitlines()
     assert json.loads(heredoc(rendered, "DORYLUS_JSON", "cat >/etc/dorylus/cluster.json")) == cluster
     assert f"systemctl enable --now dorylus-{role}.service" in rendered
     unit = heredoc(rendered, "DORYLUS_UNIT", f"cat >/etc/systemd/system/dorylus-{role}.service")
@@ -342,7 +346,7 @@ def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role
         (stubs / rel).write_text(text)
     runtime = tmp_path / "run"
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(stubs), "DORYLUS_ROLE": role, "DORYLUS_INDEX": "1",
-           "RUNTIME_DIRECTORY": str(runtime)}
+           "RUNTIME_DIRECTORY": str(runtime), "DORYLUS_SPOT_WATCH": spot_watch}
     result = subprocess.run([sys.executable, "-S", "-c", launcher], env=env, capture_output=True, text=True, timeout=30,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -370,6 +374,8 @@ def test_user_data_starts_the_role_with_flags_the_cli_accepts(tf, tmp_path, role
         assert args.advertise == "10.42.1.9:5600"
     assert args.config == str(etc / "train.json")
     assert args.keys == str(keys) and not args.exit_with_parent  # CURVE on; waits for coordinators
+    # The watcher polls the instance metadata on spot instances only.
+    assert args.spot_watch == (None if spot_watch == "off" else spot_watch)
 
 
 @pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
