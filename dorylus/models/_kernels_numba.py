@@ -48,6 +48,14 @@ def _prefetch_row(x, j, width):
     _prefetch(x, j, width - 1)
 
 
+@njit(cache=True, inline="always")
+def _prefetch_ahead(x, col_scale, has_col_scale, j, width):
+    # col_scale [C, 1] is read at random too: without its prefetch it is a second miss per entry
+    _prefetch_row(x, j, width)
+    if has_col_scale:
+        _prefetch(col_scale, j, 0)
+
+
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_scale, row_scale, has_row_scale,
                   bounds, out, distance):
@@ -87,13 +95,13 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                         a15 = out[r, f0 + 15]
                     for k in range(s0, s1):
                         if f0 == 0 and k + distance < limit:
-                            _prefetch_row(x, indices[k + distance], width)
+                            _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
                         w = np.float32(1.0)
                         if has_values:
                             w = values[k]
                         if has_col_scale:
-                            w = w * col_scale[j]
+                            w = w * col_scale[j, 0]
                         a0 += w * x[j, f0 + 0]
                         a1 += w * x[j, f0 + 1]
                         a2 += w * x[j, f0 + 2]
@@ -132,13 +140,13 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                             out[r, f] = zero
                     for k in range(s0, s1):
                         if blocked == 0 and k + distance < limit:
-                            _prefetch_row(x, indices[k + distance], width)
+                            _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
                         w = np.float32(1.0)
                         if has_values:
                             w = values[k]
                         if has_col_scale:
-                            w = w * col_scale[j]
+                            w = w * col_scale[j, 0]
                         for f in range(blocked, width):
                             out[r, f] += w * x[j, f]
             if has_row_scale:

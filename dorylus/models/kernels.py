@@ -23,8 +23,9 @@ numba is imported lazily (on the first call), so modules that import this one bu
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -51,6 +52,19 @@ def _threads() -> int:
     import numba
     import torch
     return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+@contextlib.contextmanager
+def _numba_threads(threads: int) -> Iterator[None]:
+    """numba's threads for one call: ``threads`` of them, taking chunks dynamically (one at a time),
+    so that a thread descheduled by another process's job does not hold its static share."""
+    import numba
+    numba.set_num_threads(threads)
+    previous = numba.set_parallel_chunksize(1)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
 
 
 def _as(array: Any, dtype: Any, name: str, length: int | None = None) -> np.ndarray:
@@ -127,10 +141,8 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     k = _kernels()
     threads = _threads()
     bounds = _row_bounds(indptr, threads)
-    with _lock:
-        import numba
-        numba.set_num_threads(threads)
-        k.gather_kernel(indptr, indices, x, v, values is not None, cs, col_scale is not None, rs,
+    with _lock, _numba_threads(threads):
+        k.gather_kernel(indptr, indices, x, v, values is not None, cs.reshape(-1, 1), col_scale is not None, rs,
                         row_scale is not None, bounds, out, PREFETCH_DISTANCE)
     return out
 
@@ -214,8 +226,6 @@ def row_read_probe(x: Any, idx: Any, group: int = 16) -> np.ndarray:
     bounds = np.linspace(0, idx.shape[0], chunks + 1).astype(np.int64)
     partial = np.zeros((chunks, x.shape[1]), np.float32)
     if idx.shape[0]:
-        with _lock:
-            import numba
-            numba.set_num_threads(threads)
+        with _lock, _numba_threads(threads):
             _kernels().probe_kernel(x, idx, bounds, partial, PREFETCH_DISTANCE, max(1, int(group)))
     return partial.sum(axis=0, dtype=np.float32)
