@@ -383,3 +383,161 @@ def test_terraform_fmt():
     result = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(MODULE)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------- spot graph servers
+
+
+def _terraform(directory: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """terraform in a scratch directory with no providers: nothing to download, so it runs here."""
+    return subprocess.run(["terraform", *args], cwd=directory, input=stdin, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TF_IN_AUTOMATION": "1", "NO_COLOR": "1"})
+
+
+def _block(text: str, kind: str, name: str) -> str:
+    """The HCL text of one top-level block (variable "name" { ... }), as written."""
+    match = re.search(rf'^{kind} "{name}" {{\n.*?^}}\n', text, re.S | re.M)
+    assert match, (kind, name)
+    return match.group(0)
+
+
+def test_on_demand_and_spot_are_exclusive_and_on_demand_is_the_default(tf):
+    market = tf["variable"]["graph_server_market"]
+    assert market["default"] == "on-demand" and market["type"] == "string"
+    assert tf["locals"]["graph_spot"] == '${var.graph_server_market == "spot"}'
+    spot_only = "${local.graph_spot ? var.graph_server_count : 0}"
+    assert of_type(tf, "aws_instance")["graph_server"]["count"] == "${local.graph_spot ? 0 : var.graph_server_count}"
+    assert of_type(tf, "aws_instance")["param_server"]["count"] == "${var.param_server_count}"  # always on-demand
+    assert of_type(tf, "aws_launch_template")["graph_server"]["count"] == spot_only
+    assert of_type(tf, "aws_autoscaling_group")["graph_server"]["count"] == spot_only
+    for rtype in ("aws_cloudwatch_log_group", "aws_cloudwatch_event_rule", "aws_cloudwatch_event_target",
+                  "aws_cloudwatch_log_resource_policy"):
+        for name, body in of_type(tf, rtype).items():
+            if name not in ("function", "flow"):
+                assert body["count"] == "${local.graph_spot ? 1 : 0}", (rtype, name)
+    assert "instance_market_options" not in str(of_type(tf, "aws_instance"))  # spot lives in the groups only
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
+@pytest.mark.parametrize("name, value, ok", [
+    ("graph_server_market", "on-demand", True), ("graph_server_market", "spot", True),
+    ("graph_server_market", "Spot", False), ("graph_server_market", "", False),
+    ("graph_server_spot_types", '["c5n.2xlarge", "m5.2xlarge"]', True), ("graph_server_spot_types", '["c5n"]', False),
+    ("graph_server_spot_types", "[" + ", ".join(['"c5.large"'] * 20) + "]", False),
+    ("graph_server_termination_grace_s", "30", True), ("graph_server_termination_grace_s", "7200", True),
+    ("graph_server_termination_grace_s", "29", False), ("graph_server_termination_grace_s", "90.5", False),
+])
+def test_the_spot_variables_validation(tmp_path, name, value, ok):
+    """The module's own variable blocks, evaluated by terraform (no provider needed for them)."""
+    (tmp_path / "variables.tf").write_text(_block((MODULE / "variables.tf").read_text(), "variable", name))
+    result = _terraform(tmp_path, "console", "-var", f"{name}={value}", stdin=f"var.{name}\n")
+    assert ("Invalid value for variable" not in result.stderr) == ok, result.stderr
+
+
+def test_spot_groups_are_one_spot_instance_each_at_the_parts_address(tf):
+    group = of_type(tf, "aws_autoscaling_group")["graph_server"]
+    assert (group["min_size"], group["max_size"], group["desired_capacity"]) == (1, 1, 1)
+    assert group["vpc_zone_identifier"] == ["${aws_subnet.private.id}"]
+    assert group["capacity_rebalance"] is False  # a pinned address: a replacement cannot start early (servers.tf)
+    policy = group["mixed_instances_policy"][0]
+    distribution = policy["instances_distribution"][0]
+    assert distribution == {"on_demand_base_capacity": 0, "on_demand_percentage_above_base_capacity": 0,
+                            "spot_allocation_strategy": "capacity-optimized"}
+    spec = policy["launch_template"][0]["launch_template_specification"][0]
+    assert spec["launch_template_id"] == "${aws_launch_template.graph_server[count.index].id}"
+    override = policy["launch_template"][0]["dynamic"][0]["override"]
+    assert override["for_each"] == "${local.graph_spot_types}"
+    assert override["content"][0]["instance_type"] == "${override.value}"
+    assert "var.graph_server_instance_type" in tf["locals"]["graph_spot_types"]
+    tags = group["dynamic"][0]["tag"]
+    assert "dorylus:role" in tags["for_each"] and tags["content"][0]["propagate_at_launch"] is True
+
+    template = of_type(tf, "aws_launch_template")["graph_server"]
+    (nic,) = template["network_interfaces"]
+    assert nic["private_ip_address"] == "${local.graph_server_ips[count.index]}"  # the cluster file's host
+    assert nic["associate_public_ip_address"] is False and nic["device_index"] == 0
+    assert nic["security_groups"] == ["${aws_security_group.servers.id}"]
+    assert "vpc_security_group_ids" not in template  # with an interface named, groups belong on it
+    metadata = template["metadata_options"][0]
+    assert metadata["http_tokens"] == "required" and metadata["http_put_response_hop_limit"] == 1
+    ebs = template["block_device_mappings"][0]["ebs"][0]
+    assert ebs["encrypted"] is True and ebs["volume_size"] == "${var.root_volume_gb}"
+    assert template["iam_instance_profile"][0]["name"] == "${aws_iam_instance_profile.server.name}"
+    assert template["image_id"] == "${local.ami.graph}"
+    assert "spot_watch = local.spot_watch.graph" in template["user_data"] and "base64encode" in template["user_data"]
+    assert tf["locals"]["spot_watch"] == {"graph": '${local.graph_spot ? "http://169.254.169.254" : "off"}',
+                                          "param": "off"}
+
+
+def test_a_terminating_graph_server_gets_time_to_checkpoint(tf):
+    (hook,) = of_type(tf, "aws_autoscaling_group")["graph_server"]["initial_lifecycle_hook"]
+    assert hook["lifecycle_transition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert hook["heartbeat_timeout"] == "${var.graph_server_termination_grace_s}"
+    assert hook["default_result"] == "CONTINUE"  # the termination goes ahead when the time is up
+    assert "notification_target_arn" not in hook and "role_arn" not in hook  # the instance learns it from IMDS
+    from dorylus import spot
+
+    assert spot.PATHS["autoscaling"].endswith("/autoscaling/target-lifecycle-state")
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not on PATH")
+def test_event_rules_match_the_interruption_events(tf, tmp_path):
+    rules = of_type(tf, "aws_cloudwatch_event_rule")
+    assert set(rules) == {"spot_interruption", "graph_server_terminating"}
+
+    def pattern(name: str) -> dict:
+        expression = rules[name]["event_pattern"][2:-1].replace(
+            "aws_autoscaling_group.graph_server[*].name", '["demo-graphserver-0", "demo-graphserver-1"]')
+        result = _terraform(tmp_path, "console", stdin=expression + "\n")
+        assert result.returncode == 0, result.stderr
+        return json.loads(json.loads(result.stdout.strip().splitlines()[-1]))
+
+    assert pattern("spot_interruption") == {
+        "source": ["aws.ec2"],
+        "detail-type": ["EC2 Spot Instance Interruption Warning", "EC2 Instance Rebalance Recommendation"]}
+    assert pattern("graph_server_terminating") == {
+        "source": ["aws.autoscaling"], "detail-type": ["EC2 Instance-terminate Lifecycle Action"],
+        "detail": {"AutoScalingGroupName": ["demo-graphserver-0", "demo-graphserver-1"]}}
+    targets = of_type(tf, "aws_cloudwatch_event_target")
+    for name in rules:
+        assert targets[name]["rule"] == f"${{aws_cloudwatch_event_rule.{name}[0].name}}"
+        assert targets[name]["arn"] == "${aws_cloudwatch_log_group.spot_events[0].arn}"
+    log = of_type(tf, "aws_cloudwatch_log_group")["spot_events"]
+    assert log["kms_key_id"] == "${aws_kms_key.this.arn}"
+    # The key policy already lets CloudWatch Logs use the key for /dorylus/<name>/* groups.
+    assert log["name"].startswith("/dorylus/${var.name}/")
+    kms_logs = statements(of_type(tf, "aws_iam_policy_document", "data")["kms"])[1]
+    assert any(v.endswith(":log-group:/dorylus/${var.name}/*") for v in kms_logs["condition"][0]["values"])
+
+
+def test_eventbridge_may_write_only_this_log_group_and_only_the_two_rules(tf):
+    documents = of_type(tf, "aws_iam_policy_document", "data")
+    policy = of_type(tf, "aws_cloudwatch_log_resource_policy")["spot_events"]
+    assert policy["policy_document"] == "${data.aws_iam_policy_document.spot_events[0].json}"
+    found = {s["sid"]: s for s in statements(documents["spot_events"])}
+    assert set(found) == {"EventBridgeCreatesStreamsInThisGroup", "EventBridgeWritesTheTwoRulesEvents"}
+    group = "${aws_cloudwatch_log_group.spot_events[0].arn}"
+    create, put = found["EventBridgeCreatesStreamsInThisGroup"], found["EventBridgeWritesTheTwoRulesEvents"]
+    assert create["actions"] == ["logs:CreateLogStream"] and create["resources"] == [f"{group}:*"]
+    assert put["actions"] == ["logs:PutLogEvents"] and put["resources"] == [f"{group}:*:*"]
+    for statement in (create, put):
+        (principal,) = statement["principals"]
+        assert principal["type"] == "Service"
+        assert set(principal["identifiers"]) == {"events.amazonaws.com", "delivery.logs.amazonaws.com"}
+    (condition,) = put["condition"]
+    assert condition["test"] == "ArnEquals" and condition["variable"] == "aws:SourceArn"
+    assert condition["values"] == ["${aws_cloudwatch_event_rule.spot_interruption[0].arn}",
+                                   "${aws_cloudwatch_event_rule.graph_server_terminating[0].arn}"]
+    # The servers' role gains nothing for spot: notices come from IMDS, the hook ends by timing out.
+    server_actions = {a for s in statements(documents["server"]) for a in s["actions"]}
+    assert not any(a.startswith(("autoscaling:", "events:", "ec2:")) for a in server_actions)
+
+
+def test_the_spot_example_sets_only_the_examples_variables():
+    example = load(EXAMPLE)
+    with open(EXAMPLE / "spot.tfvars") as f:
+        tfvars = _unquote(hcl2.load(f))
+    assert tfvars["graph_server_market"] == "spot"
+    assert set(tfvars) <= set(example["variable"])
+    assert all(re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", t) for t in tfvars["graph_server_spot_types"])
+    assert load(MODULE)["output"]["graph_server_groups"]["value"] == "${aws_autoscaling_group.graph_server[*].name}"
