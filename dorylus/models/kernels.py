@@ -31,8 +31,8 @@ import numpy as np
 
 # Entries ahead whose rows are prefetched; 8-24 measured best on a 2-core EPYC (bench_gather.py).
 PREFETCH_DISTANCE = 16
-# Chunks per thread: rows are split by equal nnz into this many pieces per thread so that a
-# thread slowed by a neighbour's job does not hold up the call for long.
+# Chunks per thread: rows are split by equal nnz into this many pieces per thread, taken
+# dynamically, so that a thread slowed by another process's job does not hold up the call for long.
 _CHUNKS_PER_THREAD = 16
 
 _lock = threading.Lock()
@@ -84,14 +84,12 @@ def _index_array(indices: Any) -> np.ndarray:
 
 
 def _row_bounds(indptr: np.ndarray, threads: int) -> np.ndarray:
-    """``int64 [n + 1]``: row boundaries of ``n`` chunks of about equal ``nnz + rows``."""
+    """``int64 [n + 1]``: row boundaries of ``n`` chunks of about equal ``nnz`` (no ``[R]`` temporary)."""
     rows = indptr.shape[0] - 1
     chunks = max(1, min(rows, threads * _CHUNKS_PER_THREAD))
-    # cost of rows [0, r) ~ indptr[r] + r: an empty row still writes its output row
-    cost = indptr.astype(np.int64) + np.arange(rows + 1, dtype=np.int64)
-    bounds = np.searchsorted(cost, np.linspace(0, cost[-1], chunks + 1)).astype(np.int64)
+    bounds = np.searchsorted(indptr, np.linspace(0, int(indptr[-1]), chunks + 1)).astype(np.int64)
     bounds[0], bounds[-1] = 0, rows
-    return np.maximum.accumulate(bounds)
+    return np.unique(np.clip(bounds, 0, rows))
 
 
 def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: Any = None,
