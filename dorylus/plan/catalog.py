@@ -11,6 +11,8 @@ Tables are data with their sources. Hourly prices are not here: they live once, 
   datasheets (V100 SXM2, T4, A10G, A100 SXM4 40 GB, H100 SXM5 80 GB, H200 SXM 141 GB).
 * Lambda: CPU share and per-call figures from :mod:`dorylus.emulator.physics` (measured on AWS,
   sources there); the account's default concurrency quota, 1,000 (AWS Lambda quotas page).
+* :data:`SPOT_DISCOUNTS`: typical spot savings per instance family from the AWS EC2 Spot
+  Instance Advisor (not fetched: documented typical figures, marked as such, with their date).
 * :data:`WORKLOADS`: the Dorylus paper's graphs (Thorpe et al., "Dorylus: Affordable, Scalable,
   and Accurate GNN Training with Distributed CPU Servers and Serverless Threads", OSDI 2021,
   Table 3: vertices, edges, features, labels); Reddit as the ``synthetic-reddit`` preset has it.
@@ -142,3 +144,49 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("amazon", 9_430_088, 231_594_310, 300, 25, PAPER),
     Workload("friendster", 65_608_366, 3_612_134_270, 32, 50, PAPER),
 )}
+
+
+# ----------------------------------------------------------------------------- spot
+
+
+@dataclass(frozen=True)
+class SpotDiscount:
+    """A family's typical spot saving over on-demand, as a fraction (0.6: spot costs 40% of the
+    on-demand price), with where the figure comes from and when."""
+
+    family: str
+    saving: float
+    source: str
+    as_of: str
+
+
+# TYPICAL figures, not measured or fetched here (no network): the "Savings over On-Demand" column
+# of the AWS EC2 Spot Instance Advisor (aws.amazon.com/ec2/spot/instance-advisor), Linux,
+# us-east-1, for the family's 2xlarge (or smallest listed) size, read as the low end of the range
+# it usually shows; spot prices move with supply and differ by zone, so the saving of a real run
+# is what its bill says. Check the advisor (or `aws ec2 describe-spot-price-history`) before
+# relying on one, and pass --spot-saving to use your own.
+SPOT_SOURCE = "AWS EC2 Spot Instance Advisor, savings over on-demand, Linux us-east-1 (typical, not fetched)"
+SPOT_AS_OF = "2025"
+SPOT_DISCOUNTS: dict[str, SpotDiscount] = {d.family: d for d in (
+    SpotDiscount("c5", 0.60, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("c5n", 0.62, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("m5", 0.60, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("r5", 0.65, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("p3", 0.70, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("g4dn", 0.60, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("g5", 0.55, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("p4d", 0.60, SPOT_SOURCE, SPOT_AS_OF),
+    SpotDiscount("p5", 0.50, SPOT_SOURCE, SPOT_AS_OF),
+)}
+
+
+def spot_discount(instance_type: str) -> SpotDiscount:
+    """The :data:`SPOT_DISCOUNTS` entry of ``instance_type``'s family (``c5n.2xlarge`` -> c5n);
+    ConfigError naming the known families otherwise."""
+    family = instance_type.split(".", 1)[0]
+    found = SPOT_DISCOUNTS.get(family)
+    if found is None:
+        raise ConfigError(f"plan: no spot discount for instance family {family!r} ({instance_type}); known: "
+                          f"{', '.join(SPOT_DISCOUNTS)} (or give --spot-saving)")
+    return found

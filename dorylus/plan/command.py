@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 from dorylus.errors import ConfigError
+from dorylus.models import MODELS
 from dorylus.plan.calibration import Calibration, measure
 from dorylus.plan.catalog import WORKLOADS
 from dorylus.plan.model import BACKENDS, MODES, Prediction
 from dorylus.plan.planner import (
-    LocalOptions, ScaleOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options, to_json,
+    LocalOptions, ScaleOptions, SpotOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options,
+    spot_estimate, to_json,
 )
 
 
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--hidden", type=int, help="hidden width (default: 16 locally, as `dorylus train`; 128 at "
                                                   "scale)")
     model.add_argument("--layers", type=int, default=2, help="layers (default 2)")
-    model.add_argument("--model", choices=("gcn", "gat", "sage"),
+    model.add_argument("--model", choices=tuple(MODELS),
                        help="the model of a local prediction (default: gcn, or the run's; the table at scale is "
                             "GCN's)")
     model.add_argument("--heads", type=int, help="gat: heads of every layer but the last (default 8, or the run's)")
@@ -75,7 +77,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="GPU instance of the GPU configuration (default %(default)s)")
     scale.add_argument("--param-server", default=defaults.param_server,
                        help="parameter-server instance (default %(default)s)")
+    spot = parser.add_argument_group(
+        "spot graph servers", "price every prediction again with its graph servers on spot instances (the "
+        "parameter server stays on-demand) and the expected cost of their interruptions: each loses about half "
+        "a checkpoint interval of work plus the recovery time, for the whole cluster")
+    spot_defaults = SpotOptions()
+    spot.add_argument("--spot", action="store_true", help="add the spot estimate to the table")
+    spot.add_argument("--spot-interruptions-per-hour", type=float, metavar="RATE",
+                      help=f"interruptions per graph-server instance and hour, 0 to 60 (default "
+                           f"{spot_defaults.interruptions_per_hour}: an assumption; a spot cluster's spot-events log "
+                           f"gives a real rate)")
+    spot.add_argument("--checkpoint-every", type=int, metavar="EPOCHS",
+                      help=f"epochs between checkpoints, as `dorylus train --checkpoint-every` (default "
+                           f"{spot_defaults.checkpoint_every})")
+    spot.add_argument("--recovery-s", type=float, metavar="SECONDS",
+                      help=f"seconds from an interruption to training again: a replacement's boot and the restart "
+                           f"from the checkpoint (default {spot_defaults.recovery_s:g})")
+    spot.add_argument("--spot-saving", type=float, metavar="FRACTION",
+                      help="spot's saving over on-demand, in [0, 1) (default: the instance family's typical "
+                           "saving from the Spot Instance Advisor, in dorylus/plan/catalog.py)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the predictions to FILE as JSON")
+
+
+def spot_options(args: argparse.Namespace) -> SpotOptions | None:
+    """The checked spot options, None without --spot (ConfigError for one given without it)."""
+    given = {k: getattr(args, k) for k in ("spot_interruptions_per_hour", "checkpoint_every", "recovery_s",
+                                           "spot_saving") if getattr(args, k) is not None}
+    if not args.spot:
+        if given:
+            raise ConfigError(f"plan: --{next(iter(given)).replace('_', '-')} needs --spot")
+        return None
+    names = {"spot_interruptions_per_hour": "interruptions_per_hour", "spot_saving": "saving"}
+    return SpotOptions(**{names.get(k, k): v for k, v in given.items()})
 
 
 def run_from_args(args: argparse.Namespace, out=None) -> int:
@@ -84,6 +117,7 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"plan: --{name.replace('_', '-')} must be >= 1, got {value}")
+    spot = spot_options(args)  # checked before the calibration, which takes a minute
     if args.calibration is not None:
         calibration = Calibration.load(args.calibration)
     else:
@@ -98,10 +132,11 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         predictions = _local(args, calibration, out)
     else:
         predictions = _scale(args, calibration, out)
+    estimates = None if spot is None else _spot(predictions, spot, out)
     if args.json is not None:
         from dorylus.runs import atomic_write_text
 
-        atomic_write_text(args.json, to_json(predictions, calibration))
+        atomic_write_text(args.json, to_json(predictions, calibration, estimates))
     return 0
 
 
@@ -175,6 +210,27 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
     print("value = 1 / (s/epoch x $/epoch); graph servers: the fewest that hold the partitions in 80% of their memory "
           "(a GPU's for gpu); sources of sizes, instances and rates: dorylus/plan/catalog.py", file=out)
     return predictions
+
+
+def _spot(predictions: list[Prediction], options: SpotOptions, out) -> list:
+    estimates = [spot_estimate(p, options) for p in predictions]
+    print(f"on spot graph servers (parameter server on-demand): {options.interruptions_per_hour:g} interruptions per "
+          f"instance-hour, a checkpoint every {options.checkpoint_every} epochs, {options.recovery_s:g} s to recover; "
+          f"each interruption loses half a checkpoint interval plus the recovery", file=out)
+    header = ["workload", "backend", "graph servers", "saving", "interruptions/epoch", "lost s/interruption",
+              "s/epoch", "$/epoch", "value", "vs on-demand"]
+    rows = []
+    for p, e in zip(predictions, estimates):
+        workload = next((w.name for w in WORKLOADS.values() if w.vertices == p.shape.vertices), "local")
+        rows.append([workload, p.setup.backend, f"{p.setup.instances} x {p.setup.graph_server}", f"{e.saving:.0%}",
+                     f"{e.interruptions_per_epoch:.3g}", f"{e.lost_s_per_interruption:.1f}", f"{e.epoch_s:.4g}",
+                     f"{e.cost_usd:.3e}", f"{e.value:.4g}", f"{e.value / e.on_demand_value:.2f}x"])
+    print(format_table(header, rows), file=out)
+    for source in dict.fromkeys(e.saving_source for e in estimates):
+        print(f"  saving: {source}", file=out)
+    for note in dict.fromkeys(n for e in estimates for n in e.notes):
+        print(f"  note: {note}", file=out)
+    return estimates
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

@@ -15,6 +15,22 @@ every call of a stage at once.
 
 On this machine (:func:`plan_local`): the setup ``dorylus train`` would run with the same
 options, priced as that run is priced (:meth:`dorylus.cost.Pricing.of_run`).
+
+On spot (:func:`spot_estimate`, ``dorylus plan --spot``): any prediction again with its graph
+servers on spot instances at a family's typical saving (:data:`dorylus.plan.catalog.SPOT_DISCOUNTS`)
+and the expected cost of their interruptions. The parameter server stays on-demand (it hosts the
+coordinator, as in terraform/). With ``N`` graph-server instances each interrupted ``r`` times
+an hour, a checkpoint every ``K`` epochs of ``T`` seconds and ``R`` seconds to recover (a
+replacement's boot, the coordinator's restart from the checkpoint), an epoch meets
+``k = N r T / 3600`` interruptions on average, and each costs the whole cluster the work since
+the last checkpoint, on average half an interval, ``K T / 2``, plus ``R``::
+
+    epoch_s   = T + k (K T / 2 + R)
+    functions = functions(T) * (1 + k K / 2)           (redone epochs call them again)
+    servers   = graph_servers(T) * (1 - saving) * epoch_s / T + param_server(T) * epoch_s / T
+
+First order in ``k``: interruptions during the lost work itself are not counted again, which is
+close when ``N r (K T / 2 + R) / 3600`` is small (a note says when it is not).
 """
 
 from __future__ import annotations
@@ -31,8 +47,9 @@ from dorylus.cost import DEFAULT_PRICES, default_graph_server_instance
 from dorylus.errors import ConfigError
 from dorylus.plan import environment
 from dorylus.plan.calibration import Calibration
-from dorylus.plan.catalog import GIB, LAMBDA, WORKLOADS, Workload, instance
-from dorylus.plan.model import STAGE_WORK, Prediction, Setup, Shape, best, even_shape, model_plan, predict, \
+from dorylus.plan.catalog import GIB, LAMBDA, WORKLOADS, Workload, instance, spot_discount
+from dorylus.models import MODELS
+from dorylus.plan.model import Prediction, Setup, Shape, best, even_shape, model_plan, predict, \
     row_bytes, server_memory_bytes
 
 MAX_PARTS = 4096
@@ -220,9 +237,9 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
     if c.get("backend") not in ("lambda", "cpu", "gpu"):
         raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts lambda, cpu "
                           f"and gpu runs")
-    if c.get("model", "gcn") not in STAGE_WORK:
+    if c.get("model", "gcn") not in MODELS:
         raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models "
-                          f"{', '.join(STAGE_WORK)}")
+                          f"{', '.join(MODELS)}")
     store = c.get("partitions") or str(Path(run_dir) / "partitions")
     options = LocalOptions(backend=c["backend"], intervals=c["intervals"], functions=c.get("functions"),
                            hidden=c["hidden"], layers=c["layers"], lambda_memory_mb=c["lambda_memory_mb"],
@@ -235,6 +252,93 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
     return options, local_shape(None, store, None, options.cut_fraction)
 
 
-def to_json(predictions: list[Prediction], calibration: Calibration) -> str:
+# --------------------------------------------------------------------------- spot
+
+
+@dataclass(frozen=True)
+class SpotOptions:
+    """What an estimate on spot assumes (``dorylus plan --spot`` options)."""
+
+    # An assumption, not a measurement: about one interruption per instance in 20 hours. The
+    # spot-events log group of a spot cluster (terraform/interruptions.tf) gives a real rate.
+    interruptions_per_hour: float = 0.05  # per graph-server instance
+    checkpoint_every: int = TrainConfig.checkpoint_every  # epochs
+    # A replacement instance's boot and install (user data: torch and the project) and the
+    # coordinator's restart from the checkpoint: minutes on AWS.
+    recovery_s: float = 300.0
+    saving: float | None = None  # None: the instance family's typical saving (catalog.SPOT_DISCOUNTS)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (math.isfinite(self.interruptions_per_hour) and 0 <= self.interruptions_per_hour <= 60,
+             f"--spot-interruptions-per-hour must be from 0 to 60 per instance, got {self.interruptions_per_hour}"),
+            (isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1,
+             f"--checkpoint-every must be a whole number of epochs >= 1, got {self.checkpoint_every}"),
+            (math.isfinite(self.recovery_s) and 0 <= self.recovery_s <= 86400,
+             f"--recovery-s must be from 0 to 86400 seconds, got {self.recovery_s}"),
+            (self.saving is None or (math.isfinite(self.saving) and 0 <= self.saving < 1),
+             f"--spot-saving must be a fraction in [0, 1), got {self.saving}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"plan: {message}")
+
+
+@dataclass(frozen=True)
+class SpotEstimate:
+    """A :class:`Prediction` again on spot graph servers (see the module docstring)."""
+
+    saving: float
+    saving_source: str
+    interruptions_per_epoch: float
+    lost_s_per_interruption: float
+    epoch_s: float
+    cost_by_component_usd: dict[str, float]
+    cost_usd: float
+    value: float
+    on_demand_value: float
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def spot_estimate(prediction: Prediction, options: SpotOptions) -> SpotEstimate:
+    """``prediction`` with its graph servers on spot and the expected cost of interruptions."""
+    from dorylus.cost import value
+
+    p, o = prediction, options
+    if o.saving is not None:
+        saving, source = o.saving, "--spot-saving"
+    else:
+        found = spot_discount(p.setup.graph_server)
+        saving, source = found.saving, f"{found.family}: {found.source}, {found.as_of}"
+    T, K = p.epoch_s, o.checkpoint_every
+    per_epoch = p.setup.instances * o.interruptions_per_hour * T / 3600
+    lost = K * T / 2 + o.recovery_s
+    epoch_s = T + per_epoch * lost
+    c = p.cost_by_component_usd
+    components = {
+        "functions": c["functions"] * (1 + per_epoch * K / 2),
+        "graph_servers": c["graph_servers"] * (1 - saving) * epoch_s / T,
+        "param_server": c["param_server"] * epoch_s / T,
+    }
+    cost = sum(components.values())
+    notes = []
+    risk = p.setup.instances * o.interruptions_per_hour * lost / 3600
+    if risk > 0.1:
+        notes.append(f"{risk:.2f} interruptions are expected within the work one interruption loses: the estimate "
+                     f"(first order) is optimistic; checkpoint more often")
+    return SpotEstimate(saving=saving, saving_source=source, interruptions_per_epoch=per_epoch,
+                        lost_s_per_interruption=lost, epoch_s=epoch_s, cost_by_component_usd=components,
+                        cost_usd=cost, value=value(epoch_s, cost), on_demand_value=p.value, notes=notes)
+
+
+def to_json(predictions: list[Prediction], calibration: Calibration,
+            spot: list[SpotEstimate] | None = None) -> str:
     out: dict[str, Any] = {"calibration": calibration.to_dict(), "predictions": [p.to_dict() for p in predictions]}
+    if spot is not None:
+        out["spot"] = [e.to_dict() for e in spot]  # one per prediction, in the same order
     return json.dumps(out, indent=2) + "\n"
