@@ -26,13 +26,15 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
-## check-terraform: `terraform fmt -check` and checkov (its own venv: it pins an old boto3)
+## check-terraform: `terraform fmt -check` and checkov, on-demand and spot (its own venv: it pins an old boto3)
 CHECKOV_VENV := .venv-checkov
 check-terraform:
 	terraform fmt -check -recursive terraform/
 	test -x $(CHECKOV_VENV)/bin/checkov || ($(PYTHON) -m venv $(CHECKOV_VENV) && \
 		$(CHECKOV_VENV)/bin/pip install --quiet checkov==3.3.30)
 	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework terraform -d terraform/
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework terraform -d terraform/ \
+		--var-file terraform/examples/spot.tfvars
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
