@@ -14,7 +14,8 @@ graph server's owned rows); when: ``epoch``, ``pass`` (``train`` | ``eval``), ``
 ``run``, a token of the graph server's run.
 
 A warm container keeps the rows of static inputs (:data:`dorylus.models.base.STATIC`:
-features, ids, labels, splits) per (run, part, interval) and pulls them once. Sparse features
+features, ids, labels, splits) per (run, part, interval) and pulls them once, the least recently
+used evicted past a quarter of its memory. Sparse features
 arrive as CSR (:func:`dorylus.protocol.named_rows`) and are kept as
 :class:`~dorylus.models.sparse.SparseRows`, whose cached orders then serve every later call.
 With the emulator's bandwidth cap (``context.bandwidth_bytes_per_s``), a call's transfers share the
@@ -47,7 +48,10 @@ from dorylus.protocol import CsrRows, Header, Op
 MAX_WAIT_S = 120.0
 _DEADLINE_MARGIN_MS = 500
 _request_ids = itertools.count(1)
-# (run, part, interval, name) -> rows; one run's at a time, for as long as the container is warm
+# (run, part, interval, name) -> rows, least recently used first, for as long as the container
+# is warm; at most a quarter of the function's memory (:func:`_cache_put`). ``run`` is the graph
+# server's token, new with every graph server process, so rows of another server, store or
+# partitioning never match: static rows of one graph server never change while it lives.
 _static_rows: dict[tuple[str, int, int, str], np.ndarray | SparseRows] = {}
 # endpoint -> connection, kept by a warm container: a call does not pay for TCP and ZMTP handshakes
 _peers: dict[str, "_Peer"] = {}
@@ -143,9 +147,8 @@ def _pull_rows(event: dict[str, Any], graph: _Peer) -> Callable[[], list[np.ndar
     the rows of ``event["reads"]`` in order."""
     reads = list(event["reads"])
     run, part, interval = str(event.get("run", "")), int(event["part"]), int(event["interval"])
-    if any(key[0] != run for key in _static_rows):  # a new run: the old rows are of no use
-        _static_rows.clear()
-    cached = {n: _static_rows.get((run, part, interval, n)) for n in reads if n in STATIC}
+    start, stop = (int(x) for x in event["rows"])
+    cached = {n: _cache_get((run, part, interval, n), stop - start) for n in reads if n in STATIC}
     missing = [n for n in reads if cached.get(n) is None]
     pending = graph.send(task_header(Op.PULL, event, names=tuple(missing))) if missing else None
 
@@ -156,11 +159,43 @@ def _pull_rows(event: dict[str, Any], graph: _Peer) -> Callable[[], list[np.ndar
                 if isinstance(rows, CsrRows):
                     rows = SparseRows(rows.data, rows.indices, rows.indptr, (len(rows.indptr) - 1, rows.width))
                 if name in STATIC:
-                    _static_rows[(run, part, interval, name)] = rows
+                    _cache_put((run, part, interval, name), rows, _max_bytes(graph.context) // 2)
                 cached[name] = rows
         return [cached[n] for n in reads]
 
     return rows
+
+
+def _rows_nbytes(rows: np.ndarray | SparseRows) -> int:
+    if isinstance(rows, SparseRows):
+        return int(rows.data.nbytes + rows.indices.nbytes + rows.indptr.nbytes)
+    return int(rows.nbytes)
+
+
+def _cache_get(key: tuple[str, int, int, str], num_rows: int) -> np.ndarray | SparseRows | None:
+    """The cached static rows of ``key`` (marked most recently used), or None. Rows of another
+    length than the call's interval are not used (an interval's bounds never change under one
+    run token; the check costs nothing)."""
+    rows = _static_rows.pop(key, None)
+    if rows is None or rows.shape[0] != num_rows:
+        return None
+    _static_rows[key] = rows  # re-inserted: the dict's order is the recency order
+    return rows
+
+
+def _cache_put(key: tuple[str, int, int, str], rows: np.ndarray | SparseRows, limit: int) -> None:
+    """Keep ``rows``, evicting the least recently used rows past ``limit`` bytes. The rows of
+    every graph server that calls this container stay: the emulator and Lambda place calls of
+    all of a run's graph servers on the same warm sandboxes, and clearing the cache on another
+    run token (as before) made every call of a 2-part run pull its interval's X again."""
+    _static_rows.pop(key, None)
+    size = _rows_nbytes(rows)
+    if size > limit:
+        return
+    total = sum(_rows_nbytes(r) for r in _static_rows.values())
+    while _static_rows and total + size > limit:
+        total -= _rows_nbytes(_static_rows.pop(next(iter(_static_rows))))
+    _static_rows[key] = rows
 
 
 def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, Any]:

@@ -397,3 +397,59 @@ def test_sparse_features_arrive_as_csr_and_stay_cached(monkeypatch):
     finally:
         servers.close()
     assert not servers.errors, servers.errors
+
+
+def test_static_rows_of_two_graph_servers_share_a_warm_container(monkeypatch):
+    """Calls of two graph servers (two run tokens, different X) alternate on one container, as
+    on the emulator's and Lambda's warm sandboxes: each server's static rows are pulled once and
+    then served from the cache, never the other server's rows (every push is checked against
+    gcn.compute on the calling server's own rows). A cache that cleared itself on another run
+    token pulled X on every call of a 2-part run."""
+    monkeypatch.setattr(handler_module, "_static_rows", {})
+    spec = make_spec((8, 4, 7))  # layer 0 projects first: AV and AV_BWD read X and ids
+    plan = gcn.build_plan(spec)
+    av, av_bwd = (next(s for s in plan.train if s.key == key) for key in (("AV", 0), ("AV_BWD", 0)))
+    servers = {}
+    try:
+        for run, seed in (("gs-a", 0), ("gs-b", 1)):
+            buffers = make_buffers(plan, 8, 7)
+            buffers["X"] = np.random.default_rng(100 + seed).standard_normal((N_ROWS, 8)).astype(np.float32)
+            servers[run] = FakeServers(buffers, spec.init_params(SEED))
+        pulls = []
+        for epoch in (1, 2, 3):
+            for run in ("gs-a", "gs-b"):
+                for stage in (av, av_bwd):
+                    event = make_event(servers[run], stage, "train", epoch, 1, run)
+                    first = epoch == 1 and stage is av
+                    expected = ["X", "ids"] if first else [n for n in stage.reads if n not in STATIC]
+                    _check_call(servers[run], stage, event, expected, grad=stage.grad)
+                    pulls.append(expected)
+        # another interval of a cached server is its own entry
+        event = make_event(servers["gs-a"], av, "train", 4, 0, "gs-a")
+        _check_call(servers["gs-a"], av, event, ["X", "ids"], grad=False)
+        assert {key[:3] for key in handler_module._static_rows} == {("gs-a", PART, 1), ("gs-b", PART, 1),
+                                                                   ("gs-a", PART, 0)}
+    finally:
+        for s in servers.values():
+            s.close()
+    for s in servers.values():
+        assert not s.errors, s.errors
+
+
+def test_static_row_cache_is_bounded_least_recently_used_first(monkeypatch):
+    """The cache keeps at most its byte limit, evicting the least recently used rows; rows larger
+    than the limit are not kept; cached rows of another length than the call's interval are a
+    miss, not a wrong answer."""
+    monkeypatch.setattr(handler_module, "_static_rows", {})
+    put, get = handler_module._cache_put, handler_module._cache_get
+    rows = {k: np.full((10, 5), k, np.float32) for k in range(4)}  # 200 bytes each
+    put(("r", 0, 0, "X"), rows[0], limit=450)
+    put(("r", 0, 1, "X"), rows[1], limit=450)
+    assert get(("r", 0, 0, "X"), 10) is rows[0]  # interval 0 is now the most recently used
+    put(("r", 0, 2, "X"), rows[2], limit=450)     # evicts interval 1, not 0
+    assert get(("r", 0, 1, "X"), 10) is None
+    assert get(("r", 0, 0, "X"), 10) is rows[0] and get(("r", 0, 2, "X"), 10) is rows[2]
+    assert sum(a.nbytes for a in handler_module._static_rows.values()) <= 450
+    put(("r", 0, 3, "X"), np.zeros((100, 5), np.float32), limit=450)  # 2,000 bytes: never kept
+    assert get(("r", 0, 3, "X"), 100) is None and len(handler_module._static_rows) == 2
+    assert get(("r", 0, 0, "X"), 9) is None  # another row count than the interval's: pulled again
