@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dorylus import __version__
 from dorylus.errors import ConfigError, DorylusError
+from dorylus.models import MODELS
 
 
 def _stderr_progress(message: str) -> None:
@@ -379,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "print per-partition statistics (owned vertices, edges, ghosts, send volume).")
     inspect.add_argument("store", help="partition store directory, or s3://BUCKET/PREFIX (downloaded into the "
                                        "local cache first; AWS_ENDPOINT_URL_S3 picks another S3 endpoint)")
-    inspect.add_argument("--model", choices=("gcn", "gat", "sage"),
+    inspect.add_argument("--model", choices=tuple(MODELS),
                          help="also print what one epoch of this model moves between the graph servers")
     for flag, what in (("--layers", "layers"), ("--hidden", "hidden width (gat: per head)"),
                        ("--heads", "gat: hidden layers' heads"), ("--out-heads", "gat: last layer's heads")):

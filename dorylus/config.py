@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 
 MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
@@ -29,6 +30,9 @@ MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
 MAX_INTERVALS = 1024
 # Concurrent function calls per graph server: AWS Lambda's default concurrency limit per region.
 MAX_FUNCTIONS = 1000
+# Failed attempts of one call before its graph server runs it: each is an invoke billed, and up to
+# this many attempts of a straggling call may be in flight at once.
+MAX_FALLBACK_AFTER = 100
 # A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
 # handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
 # WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
@@ -58,8 +62,27 @@ def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+def _model_opt(fallback: Any, help: str, choices: tuple | None = None) -> Any:
+    """A field whose default is the model's: its module's ``DEFAULTS`` (the published recipe),
+    else ``fallback`` (a field the model does not use)."""
+    return field(default=None, metadata={"help": help, "choices": choices, "model_default": fallback})
+
+
+def model_default(name: str, model: str) -> Any:
+    """Field ``name``'s default under ``model`` (a field made with :func:`_model_opt`)."""
+    declared = getattr(get_model(model), "DEFAULTS", {})
+    return declared[name] if name in declared else _BASE_FIELDS[name].metadata["model_default"]
+
+
+def _model_help() -> str:
+    return "model architecture: " + "; ".join(f"'{name}' ({get_model(name).DESCRIPTION})" for name in MODELS)
+
+
 @dataclass
-class TrainConfig:
+class _Config:
+    """A training run's configuration (:data:`TrainConfig`: these fields plus those the models
+    declare). Model-related fields left unset take the model's published defaults."""
+
     # data
     dataset: str = _opt("synthetic-small", "dataset: a preset name (synthetic-small, synthetic-1m, "
                         "synthetic-reddit) or a path (.npz, edge list, OGB directory)")
@@ -70,21 +93,24 @@ class TrainConfig:
                                 f"when their density (non-zeros / entries) is below {AUTO_MAX_DENSITY:g}, as "
                                 "for bag-of-words (each graph server judges its own part)", SPARSE_MODES)
     # model
-    model: str = _opt("gcn", "model architecture: 'gcn' (Kipf & Welling), 'gat' (Velickovic et al., multi-head "
-                      "attention), 'sage' (GraphSAGE, mean aggregator with root weight)", ("gcn", "gat", "sage"))
+    model: str = _opt("gcn", _model_help(), tuple(MODELS))
     layers: int = _opt(2, "number of graph convolution layers")
-    hidden: int = _opt(16, "hidden width of every layer but the last (gat: per head)")
-    dropout: float = _opt(0.5, "dropout on the input of every layer after the first")
-    input_dropout: float = _opt(0.5, "dropout on the input features (layer 0)")
-    heads: int = _opt(8, "gat: attention heads of every layer but the last (their outputs are concatenated)")
-    out_heads: int = _opt(1, "gat: attention heads of the last layer (their outputs are averaged)")
-    attention_dropout: float = _opt(0.0, "gat: dropout on the attention coefficients (after the edge softmax)")
+    hidden: int | None = _model_opt(16, "hidden width of every layer but the last (gat: per head; gin: also its "
+                                    "MLPs' inner width)")
+    dropout: float | None = _model_opt(0.5, "dropout on the input of every layer after the first")
+    input_dropout: float | None = _model_opt(0.5, "dropout on the input features (layer 0)")
+    heads: int | None = _model_opt(8, "gat: attention heads of every layer but the last (their outputs are "
+                                   "concatenated)")
+    out_heads: int | None = _model_opt(1, "gat: attention heads of the last layer (their outputs are averaged)")
+    attention_dropout: float | None = _model_opt(0.0, "gat: dropout on the attention coefficients (after the edge "
+                                                 "softmax)")
     # optimizer
     optimizer: str = _opt("adam", "optimizer", ("adam", "sgd"))
-    lr: float = _opt(0.01, "learning rate")
-    weight_decay: float = _opt(5e-4, "L2 weight decay (added to the gradient, as torch.optim.Adam does)")
-    weight_decay_scope: str = _opt("first", "layers that get weight decay: 'first' (Kipf & Welling) or 'all'",
-                                   ("first", "all"))
+    lr: float | None = _model_opt(0.01, "learning rate")
+    weight_decay: float | None = _model_opt(5e-4, "L2 weight decay (added to the gradient, as torch.optim.Adam "
+                                            "does), on every parameter of the layers it applies to, biases included")
+    weight_decay_scope: str | None = _model_opt("first", "layers that get weight decay: 'first' (Kipf & Welling) "
+                                                "or 'all'", ("first", "all"))
     # run
     backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
                         "(local emulator), 'cpu' = in the graph servers, 'gpu' = in the graph servers on a torch "
@@ -122,7 +148,12 @@ class TrainConfig:
     relaunch_min_s: float = _opt(5.0, "a function call not finished within max(this, relaunch_ratio x the moving "
                                  "mean of its task kind) is launched again")
     relaunch_ratio: float = _opt(3.0, "multiple of a task kind's moving mean duration before a relaunch")
-    max_attempts: int = _opt(4, "attempts of one function call (first launch and relaunches) before the run fails")
+    fallback_after: int = _opt(4, "lambda backend: after this many failed attempts of one function call (a call "
+                               "is relaunched with jittered backoff after each failure), or with no result "
+                               "within --task-timeout-s plus this many relaunch periods of its first launch, "
+                               "the graph server runs the task itself on its own rows, as "
+                               "the cpu backend does (counted as fallback_calls); only a task that fails "
+                               f"there too stops the run. 1 to {MAX_FALLBACK_AFTER}")
     function_handler: str = _opt("lambdas.handler:handler", "the function the local Lambda emulator runs (module:callable)")
     lambda_memory_mb: int = _opt(1024, "function memory size in MB, 128-10240 as Lambda allows (billing, and the "
                                  "emulator's setting)")
@@ -166,11 +197,24 @@ class TrainConfig:
     run_dir: str | None = _opt(None, "run directory (default: runs/<time>-<dataset>-<backend>); must not exist or be empty")
 
     def __post_init__(self) -> None:
+        self._resolve_model_defaults()
         if self.graph_server_instance is None:
             from dorylus.cost import default_graph_server_instance
 
             self.graph_server_instance = default_graph_server_instance(self.backend)
         self.validate()
+
+    def _resolve_model_defaults(self) -> None:
+        """Fields left at None take the model's default (:func:`model_default`); an unknown model
+        is left for :meth:`validate` to name."""
+        if self.model not in MODELS:
+            return
+        unknown = set(getattr(get_model(self.model), "DEFAULTS", {})) - set(_BASE_FIELDS)
+        if unknown:
+            raise ConfigError(f"model {self.model!r} declares defaults for unknown config fields {sorted(unknown)}")
+        for f in fields(_Config):
+            if "model_default" in f.metadata and getattr(self, f.name) is None:
+                setattr(self, f.name, model_default(f.name, self.model))
 
     def validate(self) -> "TrainConfig":
         for f in fields(self):
@@ -198,7 +242,8 @@ class TrainConfig:
                                                           f"{self.mode!r} with staleness {self.staleness}"),
             (math.isfinite(self.relaunch_min_s) and self.relaunch_min_s > 0, "relaunch_min_s must be > 0"),
             (math.isfinite(self.relaunch_ratio) and self.relaunch_ratio >= 1, "relaunch_ratio must be >= 1"),
-            (self.max_attempts >= 1, "max_attempts must be >= 1"),
+            (1 <= self.fallback_after <= MAX_FALLBACK_AFTER,
+             f"fallback_after must be in [1, {MAX_FALLBACK_AFTER}], got {self.fallback_after}"),
             (self.lambda_cold_start_ms >= 0 and self.lambda_keep_warm_s >= 0 and self.lambda_bandwidth_mbps >= 0,
              "lambda_cold_start_ms, lambda_keep_warm_s and lambda_bandwidth_mbps must be >= 0"),
             (all(0.0 <= f <= 1.0 for f in (self.fault_raise, self.fault_crash, self.fault_hang, self.fault_straggle))
@@ -289,6 +334,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], where: str = "config") -> "TrainConfig":
         known = {f.name: f for f in fields(cls)}
+        if "max_attempts" in values and "fallback_after" not in values:
+            # Run directories from before the fallback policy: their attempt cap is its K.
+            values = {("fallback_after" if k == "max_attempts" else k): v for k, v in values.items()}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
@@ -319,6 +367,27 @@ def local_worker_capacity() -> tuple[int, str]:
     if by_memory < by_cpu:
         return by_memory, f"{available_mb:,} MB available / {WORKER_MB} MB per worker"
     return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
+
+
+_BASE_FIELDS = {f.name: f for f in fields(_Config)}
+
+
+def _declared_fields() -> list[tuple[str, str, Any]]:
+    """The config fields model modules declare (``CONFIG_FIELDS``: ``{name: (default, help)}``),
+    e.g. a model's own option; each becomes a ``--flag`` like every other field."""
+    declared = []
+    for model in MODELS:
+        for name, (default, help_text) in getattr(get_model(model), "CONFIG_FIELDS", {}).items():
+            if name in _BASE_FIELDS or any(name == d[0] for d in declared):
+                raise ConfigError(f"model {model!r} declares config field {name!r}, which exists already")
+            declared.append((name, type(default).__name__, _opt(default, f"{model}: {help_text}")))
+    return declared
+
+
+# The one typed configuration: the fields above and those the registered models declare.
+TrainConfig = dataclasses.make_dataclass("TrainConfig", _declared_fields(), bases=(_Config,))
+TrainConfig.__module__, TrainConfig.__qualname__ = __name__, "TrainConfig"
+TrainConfig.__doc__ = _Config.__doc__
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -369,10 +438,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the run in RUN_DIR from its checkpoint.pt with its config.json, appending "
                              "to its metrics.jsonl; only how long and how carefully it runs may change: --epochs, "
                              "--eval-every, --checkpoint-every, --task-timeout-s, --watchdog-*, --functions, "
-                             "--relaunch-*, --max-attempts and the emulator's physics")
+                             "--relaunch-*, --fallback-after and the emulator's physics")
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
+        if "model_default" in f.metadata:
+            by_model = ", ".join(f"{model} {model_default(f.name, model)}" for model in MODELS)
+            help_text = f.metadata["help"] + f" (default: the model's: {by_model})"
+        else:
+            help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
         kind = _field_type(f)
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)

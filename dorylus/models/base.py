@@ -135,6 +135,28 @@ class Result:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a stage computes on some rows, for the planner (:mod:`dorylus.plan.model`): multiply-adds,
+    dropout elements, other elements, logits. A model module's ``stage_work(task, args, layer,
+    rows, training, prepare) -> Work | None`` gives it per task (``prepare``: the layer input's
+    dropout or activation, the planner's), beside its ``compute``."""
+
+    macs: float = 0.0
+    dropout: float = 0.0
+    elementwise: float = 0.0
+    softmax: float = 0.0
+
+    def seconds(self, rates) -> float:
+        """At ``rates`` (:class:`dorylus.plan.calibration.Rates`)."""
+        return (self.macs / rates.matmul_per_s + self.dropout / rates.dropout_per_s
+                + self.elementwise / rates.elementwise_per_s + self.softmax / rates.softmax_per_s)
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.macs + other.macs, self.dropout + other.dropout, self.elementwise + other.elementwise,
+                    self.softmax + other.softmax)
+
+
 def param_key(layer: int, name: str) -> str:
     """``layers.<layer>.<name>``: a parameter's name among every layer's (state, checkpoints)."""
     return f"layers.{layer}.{name}"

@@ -44,13 +44,22 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.masks import keep_edge_mask
-from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage, check_params
+from dorylus.models.base import (
+    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, Plan, Result, Stage, Work, check_params,
+)
 from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot, zeros
 
 NEGATIVE_SLOPE = 0.2
 MULTI_HEAD = True           # heads, out_heads and attention_dropout apply (dorylus.models.spec)
 HIDDEN_ACTIVATION = "elu"   # between layers, as Velickovic et al.
+
+
+DESCRIPTION = "Velickovic et al., multi-head attention"
+# Velickovic et al. 2018, section 3.3 (Cora): 8 heads of 8 (ELU), 1 output head, dropout 0.6 on every
+# layer's input and on the attention coefficients, L2 5e-4, lr 0.005 (PyG's gat.py decays every layer).
+DEFAULTS = {"hidden": 8, "heads": 8, "out_heads": 1, "dropout": 0.6, "input_dropout": 0.6, "attention_dropout": 0.6,
+            "lr": 0.005, "weight_decay": 5e-4, "weight_decay_scope": "all"}
 
 
 def build_plan(spec: ModelSpec) -> Plan:
@@ -79,6 +88,40 @@ def build_plan(spec: ModelSpec) -> Plan:
                         Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", f"dY{l}", src, "ids"),
                               () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
     return Plan.of(forward, backward, widths)
+
+
+def stage_work(task: str, args: dict, layer: LayerSpec, rows: float, training: bool, prepare: Work) -> Work | None:
+    """The planner's cost: ``P = H W`` (``K`` heads of ``F``) and each head's two scores ``P a_dst``,
+    ``P a_src``; the bias on the combined heads."""
+    i, width = layer.in_dim, layer.heads * layer.out_dim
+    product = Work(macs=rows * i * width)
+    scores = Work(elementwise=2 * rows * width)
+    bias = Work(elementwise=rows * layer.output_width)
+    if task == "AV":
+        return prepare + product + scores
+    if task == "BIAS":
+        return bias
+    if task == "LOSS":
+        return bias + Work(softmax=rows * layer.out_dim)
+    if task == "AV_BWD":  # recompute P and the scores, their gradients into dP, dW, db, and dX above layer 0
+        return (prepare + product + scores + Work(elementwise=4 * rows * width) + product + bias
+                + (Work() if layer.index == 0 else product + prepare))
+    return None
+
+
+def gather_seconds(stage, layer: LayerSpec, nnz: float, rate, rates, training: bool) -> float:
+    """The planner's cost of one (backward) Gather: one product per head at the head's width
+    (twice backward: the weighted sum's gradient and the attention's) at ``rate(width)`` entries
+    per second, plus the edge work on ``nnz x heads`` (``rates.attention_per_s``, and attention
+    dropout's mask while training)."""
+    heads, head_width = layer.heads, layer.out_dim
+    forward = stage.kind == GATHER
+    products = 1 if forward else 2
+    seconds = products * heads * nnz * head_width / rate(head_width)
+    edges = nnz * heads
+    dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
+    masks = (1 if forward else 2) if dropout else 0  # drawn again backward
+    return seconds + edges / rates.attention_per_s[0 if forward else 1] + Work(dropout=masks * edges).seconds(rates)
 
 
 def params(layer: LayerSpec) -> dict[str, tuple[int, ...]]:

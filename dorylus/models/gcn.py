@@ -38,10 +38,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.models.base import (
-    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage, check_params,
+    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage, Work, check_params,
 )
 from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot, zeros
+
+DESCRIPTION = "Kipf & Welling, graph convolution"
+# Kipf & Welling 2017, section 5.2 (Planetoid): 16 hidden units, dropout 0.5, L2 5e-4 on the first layer, lr 0.01.
+DEFAULTS = {"hidden": 16, "dropout": 0.5, "input_dropout": 0.5, "lr": 0.01, "weight_decay": 5e-4,
+            "weight_decay_scope": "first"}
+
 
 def projects_first(layer: LayerSpec) -> bool:
     """``A_hat · (H W)`` when the input is wider than the output (DGL's GraphConv rule)."""
@@ -195,6 +201,30 @@ def _unpack(params):
     if b.shape[0] != w.shape[1]:
         raise ValueError(f"gcn: bias has {b.shape[0]} entries but weight has {w.shape[1]} columns")
     return w, b
+
+
+def stage_work(task: str, args: dict, layer: LayerSpec, rows: float, training: bool, prepare: Work) -> Work | None:
+    """The planner's cost of ``task`` on ``rows`` rows (see :class:`~dorylus.models.base.Work`)."""
+    i, o = layer.in_dim, layer.out_dim
+    product = Work(macs=rows * i * o)
+    bias = Work(elementwise=rows * o)  # adding it, or summing its gradient
+    first = layer.index == 0
+    if task in ("PREP", "PREP_BWD"):
+        return prepare  # the mask (or the activation's derivative) again, on the gradient
+    if task == "AV":
+        return prepare + product if args.get("project_first") else product + bias
+    if task == "BIAS":
+        return bias
+    if task == "AV_BWD":
+        if args.get("project_first"):  # recompute H, dW = H^T dP, db, and dX = prep'(dP W^T) above layer 0
+            return prepare + product + bias + (Work() if first else product + prepare)
+        return product + bias + (Work() if first else product)  # dW = Z^T dY, db, dZ = dY W^T
+    if task == "LOSS":
+        return bias + Work(softmax=rows * o)
+    if task == "AV_LOSS":
+        work = product + bias + Work(softmax=rows * o)
+        return work + product + bias + (Work() if first else product) if training else work
+    return None
 
 
 def params(layer: LayerSpec) -> dict[str, tuple[int, ...]]:

@@ -31,10 +31,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from dorylus.models.base import (
-    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage, check_params,
+    FUNCTION, GATHER, GATHER_BACKWARD, PIN, STASH, VERTEX, Plan, Result, Stage, Work, check_params,
 )
 from dorylus.models import ops as numpy_ops
 from dorylus.models.spec import LayerSpec, ModelSpec, glorot, zeros
+
+
+DESCRIPTION = "GraphSAGE, mean aggregator with root weight"
+# Hamilton et al. 2017, reference implementation (GraphSAGE supervised_train.py flags): dim_1 = dim_2 = 128,
+# lr 0.01, dropout 0, weight decay 0.
+DEFAULTS = {"hidden": 128, "dropout": 0.0, "input_dropout": 0.0, "lr": 0.01, "weight_decay": 0.0,
+            "weight_decay_scope": "all"}
 
 
 def build_plan(spec: ModelSpec) -> Plan:
@@ -56,6 +63,22 @@ def build_plan(spec: ModelSpec) -> Plan:
                         Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"),
                               () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
     return Plan.of(forward, backward, widths)
+
+
+def stage_work(task: str, args: dict, layer: LayerSpec, rows: float, training: bool, prepare: Work) -> Work | None:
+    """The planner's cost: ``P = H W_neigh`` and ``S = H W_self + b`` from one input; ``Y = mean(P) + S``."""
+    i, o = layer.in_dim, layer.out_dim
+    both = Work(macs=2 * rows * i * o)
+    bias = Work(elementwise=rows * o)
+    if task == "AV":
+        return prepare + both + bias
+    if task == "SUM":
+        return Work(elementwise=rows * o)
+    if task == "LOSS":
+        return Work(softmax=rows * o)
+    if task == "AV_BWD":  # recompute H, both weights' gradients, the bias's, and dX above layer 0
+        return prepare + both + bias + (Work() if layer.index == 0 else both + prepare)
+    return None
 
 
 def params(layer: LayerSpec) -> dict[str, tuple[int, ...]]:

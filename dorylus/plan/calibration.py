@@ -362,7 +362,9 @@ def softmax_rate(rows: int = 32_000, classes: int = 16, seed: int = 0) -> float:
     labels = rng.integers(0, classes, rows, dtype=np.int64)
     split = np.ones(rows, dtype=np.uint8)
     args = {**dict(stage.args), "seed": 0, "epoch": 1, "training": True, "train_count": rows}
-    return rows * classes / _median_s(lambda: model.compute("LOSS", stage.layer, [logits, labels, split], None, args))
+    params = {"weight": np.zeros((4 * classes, classes), np.float32), "bias": np.zeros(classes, np.float32)}  # LOSS adds b
+    return rows * classes / _median_s(lambda: model.compute("LOSS", stage.layer, [logits, labels, split], params,
+                                                            args))
 
 
 def gpu_elementwise_rates(device: str, rows: int = 1_000_000, width: int = 128) -> tuple[float, float, float]:

@@ -2,8 +2,8 @@
 
 The epoch is the model's plan itself (``build_plan`` of :mod:`dorylus.models.gcn`, ``gat`` or
 ``sage``, DESIGN §2): the training pass, then (``evaluate``) the evaluation pass, each a list
-of stages, each costed by its model's formulas (:data:`STAGE_WORK`, :func:`gather_seconds`;
-the table below is GCN's); the largest
+of stages, each costed by its model's formulas (each model module's ``stage_work`` and, for
+edge work of its own, ``gather_seconds``; the table below is GCN's); the largest
 partition sets the pace. With ``n`` owned rows, ``m`` A_hat entries, ``g`` ghost rows and ``s``
 rows sent to peers per graph server, ``I`` intervals of ``r = n / I`` rows, ``c`` calls at once
 per server, and rates (:class:`~dorylus.plan.calibration.Rates`) scaled to where the work runs
@@ -66,6 +66,8 @@ from typing import Any, Iterable
 from dorylus.config import TrainConfig
 from dorylus.cost import DEFAULT_PRICES, Pricing, PriceTable, value
 from dorylus.errors import ConfigError
+from dorylus.models import MODELS, get_model
+from dorylus.models.base import Work
 from dorylus.plan.calibration import Rates
 
 FLOAT = 4                  # bytes of a float32
@@ -149,9 +151,10 @@ class Setup:
     graph_servers_per_instance: int = 1  # GPUs per instance for the gpu backend
     static_cached: float = 0.0  # share of function calls whose warm container holds their static inputs
     model: str = TrainConfig.model
-    heads: int = TrainConfig.heads  # gat: heads of every layer but the last
-    out_heads: int = TrainConfig.out_heads  # gat: heads of the last layer
-    attention_dropout: float = TrainConfig.attention_dropout
+    # None: the model's default (dorylus.config.model_default)
+    heads: int | None = None  # gat: heads of every layer but the last
+    out_heads: int | None = None  # gat: heads of the last layer
+    attention_dropout: float | None = None
 
     def __post_init__(self) -> None:
         checks = [(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}"),
@@ -198,121 +201,41 @@ class Environment:
 # --------------------------------------------------------------------------- work of a stage
 
 
-@dataclass(frozen=True)
-class Work:
-    """What a stage computes on some rows: multiply-adds, dropout elements, other elements, logits."""
-
-    macs: float = 0.0
-    dropout: float = 0.0
-    elementwise: float = 0.0
-    softmax: float = 0.0
-
-    def seconds(self, rates: Rates) -> float:
-        return (self.macs / rates.matmul_per_s + self.dropout / rates.dropout_per_s
-                + self.elementwise / rates.elementwise_per_s + self.softmax / rates.softmax_per_s)
-
-    def __add__(self, other: "Work") -> "Work":
-        return Work(self.macs + other.macs, self.dropout + other.dropout, self.elementwise + other.elementwise,
-                    self.softmax + other.softmax)
-
-
 def task_work(stage, layer, rows: float, training: bool, model: str = "gcn") -> Work:
     """The work of stage ``stage`` (a :class:`dorylus.models.base.Stage`) of ``layer`` (its
-    :class:`~dorylus.models.spec.LayerSpec`) of ``model`` on ``rows`` rows (see each model's
-    ``compute``)."""
-    if model not in STAGE_WORK:
-        raise ConfigError(f"plan: no cost formulas for the model {model!r}; known: {', '.join(STAGE_WORK)}")
+    :class:`~dorylus.models.spec.LayerSpec`) of ``model`` on ``rows`` rows: the model module's
+    own formula (its ``stage_work``, beside its ``compute``)."""
+    if model not in MODELS:
+        raise ConfigError(f"plan: no cost formulas for the model {model!r}; known: {', '.join(MODELS)}")
     args = dict(stage.args)
     dropout = training and float(args.get("dropout", 0.0)) > 0
     activation = args.get("act_in", args.get("relu_in")) not in (None, False)
     # A layer's input: dropout's mask regenerated (training) or the activation alone (evaluation).
     i = layer.in_dim
     prepare = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
-    work = STAGE_WORK[model](stage.task, args, layer, rows, training, prepare)
+    work = get_model(model).stage_work(stage.task, args, layer, rows, training, prepare)
     if work is None:
         raise ConfigError(f"plan: no cost formula for the {model} task {stage.task!r}")
     return work
 
 
-def _gcn_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
-    i, o = layer.in_dim, layer.out_dim
-    product = Work(macs=rows * i * o)
-    first = layer.index == 0
-    if task == "PREP":
-        return prepare
-    if task == "PREP_BWD":
-        return prepare  # the mask (or the activation's derivative) again, on the gradient
-    if task == "AV":
-        return prepare + product if args.get("project_first") else product
-    if task == "AV_BWD":
-        if args.get("project_first"):  # recompute H, dW = H^T dP, and dX = prep'(dP W^T) above layer 0
-            return prepare + product + (Work() if first else product + prepare)
-        return product + (Work() if first else product)  # dW = Z^T dY, dZ = dY W^T
-    if task == "LOSS":
-        return Work(softmax=rows * o)
-    if task == "AV_LOSS":
-        work = product + Work(softmax=rows * o)
-        return work + product + (Work() if first else product) if training else work
-    return None
-
-
-def _sage_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
-    """``P = H W_neigh`` and ``S = H W_self`` from one input; ``Y = mean(P) + S``."""
-    i, o = layer.in_dim, layer.out_dim
-    both = Work(macs=2 * rows * i * o)
-    if task == "AV":
-        return prepare + both
-    if task == "SUM":
-        return Work(elementwise=rows * o)
-    if task == "LOSS":
-        return Work(softmax=rows * o)
-    if task == "AV_BWD":  # recompute H, both halves of dW, and dX above layer 0
-        return prepare + both + (Work() if layer.index == 0 else both + prepare)
-    return None
-
-
-def _gat_work(task: str, args: dict, layer, rows: float, training: bool, prepare: Work) -> Work | None:
-    """``P = H W`` (``K`` heads of ``F``) and each head's two scores ``P a_dst``, ``P a_src``."""
-    i, width = layer.in_dim, layer.heads * layer.out_dim
-    product = Work(macs=rows * i * width)
-    scores = Work(elementwise=2 * rows * width)
-    if task == "AV":
-        return prepare + product + scores
-    if task == "LOSS":
-        return Work(softmax=rows * layer.out_dim)
-    if task == "AV_BWD":  # recompute P and the scores, their gradients into dP, dW, and dX above layer 0
-        return (prepare + product + scores + Work(elementwise=4 * rows * width) + product
-                + (Work() if layer.index == 0 else product + prepare))
-    return None
-
-
-STAGE_WORK = {"gcn": _gcn_work, "sage": _sage_work, "gat": _gat_work}
-
-
 def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool,
                    cache_sharers: int = 1) -> float:
-    """One Gather or backward Gather of the largest partition, its kernels alone: GCN and SAGE
-    one sparse product at ``width`` (forward: ``nnz`` entries over [owned; ghost] rows;
-    backward: the transpose, over the owned rows' gradients: a smaller operand, so more of it in
-    the caches); GAT one product per head at the head's width (twice backward: the weighted sum's
-    gradient and the attention's) plus its edge work on ``nnz x heads`` (``attention_per_s``,
-    and attention dropout's mask while training). The rate is the Gather curve's at the operand
+    """One Gather or backward Gather of the largest partition, its kernels alone: by default one
+    sparse product at ``width`` (GCN, SAGE, GIN; forward: ``nnz`` entries over [owned; ghost]
+    rows; backward: the transpose, over the owned rows' gradients: a smaller operand, so more of
+    it in the caches); a model with edge work of its own prices it with its ``gather_seconds``
+    (GAT: a product per head and its edge softmax). The rate is the Gather curve's at the operand
     times ``cache_sharers``: graph servers gathering at once on one machine share its cache."""
     rows = shape.owned + (shape.ghosts if stage.kind == "gather" else 0)
 
     def rate(row_width: int) -> float:
         return rates.gather_per_s(cache_sharers * FLOAT * row_width * rows)
 
-    if model != "gat":
+    own = getattr(get_model(model), "gather_seconds", None)
+    if own is None:
         return shape.nnz * width / rate(width)
-    heads, head_width = layer.heads, layer.out_dim
-    forward = stage.kind == "gather"
-    products = 1 if forward else 2
-    seconds = products * heads * shape.nnz * head_width / rate(head_width)
-    edges = shape.nnz * heads
-    dropout = training and float(dict(stage.args).get("attention_dropout", 0.0)) > 0
-    masks = (1 if forward else 2) if dropout else 0  # drawn again backward
-    return seconds + edges / rates.attention_per_s[0 if forward else 1] + Work(dropout=masks * edges).seconds(rates)
+    return own(stage, layer, shape.nnz, rate, rates, training)
 
 
 def row_bytes(name: str, widths: dict[str, int], features: int) -> int:
