@@ -17,6 +17,8 @@ the same stages with the models' torch twins, behind the same methods.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from dorylus.models.base import STATIC, Plan, Result, Stage
@@ -91,6 +93,10 @@ class PartitionState:
         features = in_layout(part.features, sparse_features)
         if row_normalize_features:
             features = row_normalize(features)
+        if features is not part.features:
+            # One copy of the features per process: the store's memory map goes once the rows
+            # the model reads (normalized, or in another layout) exist.
+            self.part = part = dataclasses.replace(part, features=features)
         self.static = {
             "X": features if isinstance(features, SparseRows) else np.ascontiguousarray(features),
             "ids": np.ascontiguousarray(self.global_ids[:n_owned]),

@@ -29,7 +29,7 @@ def test_matches_dense_with_duplicates_and_self_loops(symmetrize):
     dst = np.concatenate([rng.integers(0, n, 200), [5, 5, 7]])  # a duplicate edge and a self-loop
     adj = gcn_normalize(src, dst, n, symmetrize=symmetrize)
     np.testing.assert_allclose(to_dense(adj), dense_gcn(src, dst, n, symmetrize), rtol=1e-6, atol=0)
-    assert adj.weights.dtype == np.float32 and adj.indices.dtype == np.int64
+    assert adj.weights.dtype == np.float32 and adj.indices.dtype == np.int32  # 32-bit while N < 2^31
     for v in range(n):
         row = adj.indices[adj.indptr[v]:adj.indptr[v + 1]]
         assert np.all(np.diff(row) > 0) and v in row
@@ -57,3 +57,18 @@ def test_directed_uses_in_degree_and_isolated_vertices():
 def test_row_normalize():
     x = np.array([[1, 3], [0, 0], [2, 2]], dtype=np.float32)
     np.testing.assert_allclose(row_normalize(x), [[0.25, 0.75], [0, 0], [0.5, 0.5]])
+
+
+def test_row_normalize_in_blocks_equals_the_whole_matrix_quotient(monkeypatch):
+    """Blocks of rows give the float64 quotient of the whole matrix, cast once, bit for bit
+    (the same operations per element), including zero rows and a last partial block."""
+    import dorylus.normalize as normalize
+
+    rng = np.random.default_rng(3)
+    x = rng.random((1001, 7), dtype=np.float32)
+    x[[0, 500, 1000]] = 0
+    sums = x.sum(axis=1, dtype=np.float64, keepdims=True)
+    expected = (x / np.where(sums == 0, 1.0, sums)).astype(np.float32)
+    monkeypatch.setattr(normalize, "ROW_BLOCK_ELEMENTS", 7 * 64)  # 64 rows per block
+    got = normalize.row_normalize(x)
+    assert got.dtype == np.float32 and np.array_equal(got, expected)

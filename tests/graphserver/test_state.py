@@ -272,6 +272,12 @@ def test_static_inputs(store, graph, normalize):
         assert not (split & ~np.uint8(TRAIN | VAL | TEST)).any()
         for name in STATIC:
             assert state.static[name].flags.c_contiguous
+        # One copy of the features per process: normalized rows replace the store's memory map.
+        assert state.part.features is x or np.shares_memory(state.part.features, x)
+        if normalize:
+            assert not isinstance(state.part.features, np.memmap)
+        else:
+            assert np.shares_memory(x, part.features)  # the store's rows, not a copy
 
 
 def test_global_ids_are_owned_then_ghosts(store):
