@@ -516,7 +516,11 @@ class DistributedTrainer:
             staleness_mean=sum(r["staleness_sum"] for r in reports) / reads if reads else 0.0,
             weight_lag_max=max(r["weight_lag_max"] for r in reports),
             relaunches=sum(r["relaunches"] for r in reports), failed_calls=sum(r["failed_calls"] for r in reports),
+            fallback_calls=sum(r.get("fallback_calls", 0) for r in reports),
             calls=sum(r["invocations"] for r in reports), concurrency=[r["concurrency"] for r in reports])
+        # Failed function attempts by kind (graphserver.invoker.FAILURE_KINDS); empty off the lambda backend.
+        metrics["failures"] = {k: sum(r.get("failures", {}).get(k, 0) for r in reports)
+                               for k in sorted({k for r in reports for k in r.get("failures", {})})}
         metrics["task_s"] = {k: max(r["task_s"].get(k, 0.0) for r in reports)
                              for k in sorted({k for r in reports for k in r["task_s"]})}
         metrics["bytes"] = {k[len("bytes_"):]: sum(r.get(k, 0) for r in reports)

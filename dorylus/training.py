@@ -132,7 +132,7 @@ def summarize(history: list[dict[str, Any]]) -> dict[str, Any]:
 DEFAULT_PARTS = 2
 # What `--resume` may change: how long and how carefully to run, never what is computed.
 RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
-                              "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "max_attempts",
+                              "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "fallback_after",
                               "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
                               "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like", "curve", "max_message_mb"})
 
@@ -398,6 +398,11 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         if summary["epoch_s"] > 0 and summary["cost_usd"] > 0:
             summary["value"] = value(summary["epoch_s"], summary["cost_usd"])
         summary["invocations"] = sum(m["invocations"] for m in history)
+    if any("fallback_calls" in m for m in history):  # the functions' failures and what absorbed them
+        summary["relaunches"] = sum(m.get("relaunches", 0) for m in history)
+        summary["fallback_calls"] = sum(m.get("fallback_calls", 0) for m in history)
+        summary["failures"] = {k: sum(m.get("failures", {}).get(k, 0) for m in history)
+                               for k in sorted({k for m in history for k in m.get("failures", {})})}
     summary["pricing"] = trainer.pricing.to_dict()
     if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
         summary["gradients"] = trainer.grad_counts()

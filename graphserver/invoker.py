@@ -13,22 +13,33 @@ The same code talks to AWS Lambda and to the local emulator; only ``endpoint_url
   fails the attempt, and relaunch below, not a resend of the same attempt, deals with it.
 * Relaunch (DESIGN §3): attempt 0 is sent with ``event["attempt"] = 0``. When the newest attempt
   fails (function error, including a crashed sandbox ``Runtime.ExitError`` and a timeout
-  ``Sandbox.Timedout``; an invoke error; a client read timeout) or has not answered within
-  :meth:`LambdaInvoker.relaunch_after` seconds of being sent, a copy of the event with the next
-  ``attempt`` number is launched, up to ``max_attempts`` in all. A straggler keeps running beside
-  its relaunch; the first success wins and is returned, and the other attempts still in flight are
-  then cancelled (only the HTTP request: a running function cannot be stopped, and the graph and
-  parameter servers keep the first push per key and acknowledge late duplicates). A failure of an
-  attempt that was already superseded launches nothing. When every attempt has failed,
-  :class:`TaskFailed` names the task, the number of attempts and the last error. API errors that
-  would fail the same way again (unknown function, payload too large or not JSON, bad parameter)
-  end the call at once.
+  ``Sandbox.Timedout``; an invoke error; a client read timeout), a copy of the event with the next
+  ``attempt`` number is launched after a jittered exponential backoff (full jitter: uniform in
+  ``[0, min(backoff_max_s, backoff_base_s x 2^(failures - 1))]``), so that a burst of failures
+  does not come back as a burst of relaunches. When the newest attempt has not answered within
+  :meth:`LambdaInvoker.relaunch_after` seconds of being sent (a straggler), the next attempt is
+  launched at once beside it; at most ``fallback_after`` attempts of one call are in flight. The
+  first success wins and is returned, and the other attempts still in flight are then cancelled
+  (only the HTTP request: a running function cannot be stopped, and the graph and parameter
+  servers keep the first push per key and acknowledge late duplicates).
+* Giving up on functions: after ``fallback_after`` failed attempts of one call, or when the call
+  has no result by its deadline (``timeout_s`` plus ``fallback_after`` relaunch periods of its
+  task kind after the first launch), :class:`AttemptsExhausted` (a :class:`TaskFailed`) names
+  the task, the attempts and the last error. The lambda backend then runs the task on its graph
+  server (:mod:`graphserver.backends.serverless`): a failed call does not end a run. API errors
+  that would fail the same way again (unknown function, payload too large or not JSON, bad
+  parameter) are configuration errors, not failed calls: they end the call at once with a plain
+  :class:`TaskFailed`, and the run with them.
+* Failures are counted by kind (``failures`` in :meth:`LambdaInvoker.take_stats`): ``raise``
+  (the function raised), ``crash`` (``Runtime.ExitError``), ``timeout`` (``Sandbox.Timedout`` or
+  no answer within the client's read timeout), ``throttle`` (429s that outlasted botocore's
+  retries), ``invoke`` (refused, reset, other API errors).
 * Relaunched attempts never queue in the limiter: they run under the slot their call already
   holds, so with a straggler still running a call has two or more attempts in flight and
-  ``in_flight`` may exceed ``concurrency`` (by at most ``max_attempts - 1`` per straggling call).
-  They therefore never wait behind lower-priority calls and cannot deadlock at capacity 1. Should
-  that overflow exceed the account's concurrency, Lambda answers 429 and the attempt backs off.
-  Time spent backing off does not count towards the relaunch deadline.
+  ``in_flight`` may exceed ``concurrency`` (by at most ``fallback_after - 1`` per straggling
+  call). They therefore never wait behind lower-priority calls and cannot deadlock at capacity 1.
+  Should that overflow exceed the account's concurrency, Lambda answers 429 and the attempt backs
+  off. Time spent backing off in botocore does not count towards the relaunch period.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import asyncio
 import collections
 import contextvars
 import json
+import random
 import time
 from typing import Any
 
@@ -45,6 +57,11 @@ from graphserver.limiter import PriorityLimiter
 
 class TaskFailed(RuntimeError):
     """A tensor task failed or could not be run; the message names task, interval and epoch."""
+
+
+class AttemptsExhausted(TaskFailed):
+    """The function failed ``fallback_after`` times for one call, or gave no result by the call's
+    deadline: the task is for its graph server to run (the lambda backend's fallback)."""
 
 
 def describe(event: dict[str, Any]) -> str:
@@ -56,11 +73,15 @@ def describe(event: dict[str, Any]) -> str:
 FATAL_API_ERRORS = frozenset({"ResourceNotFoundException", "RequestTooLargeException",
                               "InvalidRequestContentException", "InvalidParameterValueException"})
 DURATION_WINDOW = 20  # successful calls per task kind in the moving mean
+FAILURE_KINDS = ("raise", "crash", "timeout", "throttle", "invoke")
+# Function errors that are not the handler's own exception (Lambda's names for them).
+_FUNCTION_ERROR_KINDS = {"Runtime.ExitError": "crash", "Sandbox.Timedout": "timeout"}
 
 
 class _AttemptFailed(Exception):
-    def __init__(self, message: str, fatal: bool = False):
+    def __init__(self, message: str, kind: str, fatal: bool = False):
         super().__init__(message)
+        self.kind = kind
         self.fatal = fatal
 
 
@@ -80,21 +101,27 @@ _ATTEMPT: contextvars.ContextVar[_Attempt] = contextvars.ContextVar("dorylus_inv
 
 class LambdaInvoker:
     def __init__(self, endpoint_url: str | None, function_name: str, *, concurrency: int, timeout_s: float,
-                 relaunch_min_s: float = 5.0, relaunch_ratio: float = 3.0, max_attempts: int = 4,
-                 region: str | None = None, max_throttle_retries: int = 10):
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, not {max_attempts}")
+                 relaunch_min_s: float = 5.0, relaunch_ratio: float = 3.0, fallback_after: int = 4,
+                 region: str | None = None, max_throttle_retries: int = 10, backoff_base_s: float = 0.05,
+                 backoff_max_s: float = 2.0, seed: int | None = None):
+        if fallback_after < 1:
+            raise ValueError(f"fallback_after must be >= 1, not {fallback_after}")
         self.endpoint_url = endpoint_url
         self.function_name = function_name
         self.region = region
         self.timeout_s = timeout_s
         self.relaunch_min_s = relaunch_min_s
         self.relaunch_ratio = relaunch_ratio
-        self.max_attempts = max_attempts
+        self.fallback_after = fallback_after
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        # Only the backoff's jitter draws from it: which calls fail is the function's business.
+        self._random = random.Random(seed)
         self.max_throttle_retries = max_throttle_retries
         self.limiter = PriorityLimiter(concurrency)
         self.throttled = 0  # since creation; take_stats() reports per interval
         self._counts = dict.fromkeys(("invocations", "relaunches", "failed_calls", "throttled"), 0)
+        self._failures = dict.fromkeys(FAILURE_KINDS, 0)
         self._durations: dict[str, collections.deque[float]] = {}
         self._attempt_tasks: set[asyncio.Task] = set()
         self._client_lock = asyncio.Lock()
@@ -121,10 +148,13 @@ class LambdaInvoker:
     def take_stats(self) -> dict[str, Any]:
         """Return and reset the counts since the previous call: ``invocations`` (attempts
         launched), ``relaunches`` (attempts beyond the first), ``failed_calls`` (attempts that
-        failed), ``throttled`` (429 answers; botocore retries each while its retries last), plus
-        the limiter's ``busy_s``, ``wait_s``, ``max_waiting``, ``capacity`` and ``interval_s``."""
-        stats = dict(self._counts)
+        failed), ``failures`` (those by kind, :data:`FAILURE_KINDS`), ``throttled`` (429 answers;
+        botocore retries each while its retries last), plus the limiter's ``busy_s``, ``wait_s``,
+        ``max_waiting``, ``capacity`` and ``interval_s``."""
+        stats: dict[str, Any] = dict(self._counts)
+        stats["failures"] = dict(self._failures)
         self._counts = dict.fromkeys(self._counts, 0)
+        self._failures = dict.fromkeys(FAILURE_KINDS, 0)
         stats.update(self.limiter.take_stats())
         return stats
 
@@ -142,6 +172,20 @@ class LambdaInvoker:
             return self.timeout_s
         mean = sum(durations) / len(durations)
         return min(self.timeout_s, max(self.relaunch_min_s, self.relaunch_ratio * mean))
+
+    def deadline_after(self, task: str) -> float:
+        """Seconds from a call's first launch after which, with no result, it is given up on:
+        ``timeout_s`` plus ``fallback_after`` relaunch periods of its kind, so that the last
+        attempt the relaunch schedule launches has had its whole timeout. It bounds a call
+        whose attempts neither answer nor fail (botocore backing off on 429s, a request that
+        never times out); hanging attempts fail by their timeout long before."""
+        return self.timeout_s + self.fallback_after * self.relaunch_after(task)
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait before relaunching after the call's ``failures``-th failed attempt:
+        full jitter over an exponential bound (AWS's recommended backoff)."""
+        bound = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** max(0, failures - 1))
+        return self._random.uniform(0.0, bound)
 
     # -- client ---------------------------------------------------------------------------------
 
@@ -243,20 +287,40 @@ class LambdaInvoker:
         kind = str(event.get("task"))
         attempts: list[_Attempt] = []
         by_task: dict[asyncio.Task, _Attempt] = {}
+        failures = 0
         last_error = "no attempt made"
+        started = time.monotonic()
+        deadline = started + self.deadline_after(kind)
+        relaunch_at: float | None = None  # after a failure: when its backoff ends
+
+        def summary() -> str:
+            return (f"{describe(event)}: failed after {len(attempts)} attempt{'s' * (len(attempts) != 1)}; "
+                    f"last error: {last_error}")
+
         try:
             first = self._launch(client, event, attempts)
             by_task[first.task] = first
-            while by_task:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise AttemptsExhausted(f"{describe(event)}: no result within {deadline - started:.3g} s (the "
+                                            f"call's deadline) from {len(attempts)} attempt"
+                                            f"{'s' * (len(attempts) != 1)} ({failures} failed); last error: "
+                                            f"{last_error}")
                 newest = attempts[-1]
-                can_relaunch = len(attempts) < self.max_attempts
-                timeout = None
-                if can_relaunch and newest.task in by_task:
-                    # While it backs off its deadline is unknown: look again after one relaunch period.
-                    timeout = self.relaunch_after(kind) if newest.sent_at is None else \
-                        max(0.0, newest.sent_at + self.relaunch_after(kind) - time.monotonic())
-                done, _ = await asyncio.wait(by_task, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                relaunch = False
+                waits = [deadline - now]
+                if relaunch_at is not None:
+                    waits.append(relaunch_at - now)
+                elif newest.task in by_task and len(by_task) < self.fallback_after:
+                    # While it backs off its send time is unknown: look again after one relaunch period.
+                    waits.append(self.relaunch_after(kind) if newest.sent_at is None else
+                                 newest.sent_at + self.relaunch_after(kind) - now)
+                timeout = max(0.0, min(waits))
+                if by_task:
+                    done, _ = await asyncio.wait(by_task, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                else:  # every attempt failed: the relaunch waits out its backoff
+                    done = set()
+                    await asyncio.sleep(timeout)
                 # Successes first: when several attempts end together, any success wins.
                 for task in sorted(done, key=lambda t: t.cancelled() or t.exception() is not None):
                     attempt = by_task.pop(task)
@@ -267,23 +331,30 @@ class LambdaInvoker:
                         result, duration = task.result()
                         self.note_duration(kind, duration)
                         return result
+                    failures += 1
                     self._counts["failed_calls"] += 1
+                    failure_kind = error.kind if isinstance(error, _AttemptFailed) else "invoke"
+                    self._failures[failure_kind] += 1
                     last_error = str(error)
                     if isinstance(error, _AttemptFailed) and error.fatal:
-                        raise TaskFailed(f"{describe(event)}: failed after {len(attempts)} "
-                                         f"attempt{'s' * (len(attempts) != 1)}; last error: {last_error}")
-                    if attempt is newest:
-                        relaunch = True
-                if not done and newest.task in by_task and newest.sent_at is not None and \
-                        time.monotonic() >= newest.sent_at + self.relaunch_after(kind):
+                        raise TaskFailed(summary())
+                    if failures >= self.fallback_after:
+                        raise AttemptsExhausted(summary())
+                    if attempt is newest and relaunch_at is None:
+                        relaunch_at = time.monotonic() + self.backoff(failures)
+                now = time.monotonic()
+                relaunch = False
+                if relaunch_at is not None:
+                    relaunch = now >= relaunch_at
+                elif newest.task in by_task and newest.sent_at is not None and len(by_task) < self.fallback_after \
+                        and now >= newest.sent_at + self.relaunch_after(kind):
                     relaunch = True  # the newest attempt is straggling; it keeps running
-                if relaunch and can_relaunch:
+                if relaunch:
                     if self._closed:
                         raise TaskFailed(f"{describe(event)}: cancelled: the invoker was closed")
+                    relaunch_at = None
                     attempt = self._launch(client, event, attempts)
                     by_task[attempt.task] = attempt
-            raise TaskFailed(f"{describe(event)}: failed after {len(attempts)} "
-                             f"attempt{'s' * (len(attempts) != 1)}; last error: {last_error}")
         finally:
             left = list(by_task)
             for task in left:
@@ -306,18 +377,24 @@ class LambdaInvoker:
             body = await response["Payload"].read()
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")
-            raise _AttemptFailed(f"invoke failed: {code}: {exc}", fatal=code in FATAL_API_ERRORS) from None
+            raise _AttemptFailed(f"invoke failed: {code}: {exc}", "throttle" if code == "TooManyRequestsException"
+                                 else "invoke", fatal=code in FATAL_API_ERRORS) from None
         except (BotoCoreError, OSError, asyncio.TimeoutError) as exc:
-            raise _AttemptFailed(f"invoke failed: {type(exc).__name__}: {exc}") from None
+            from botocore.exceptions import ReadTimeoutError
+
+            timed_out = isinstance(exc, (ReadTimeoutError, asyncio.TimeoutError))
+            raise _AttemptFailed(f"invoke failed: {type(exc).__name__}: {exc}",
+                                 "timeout" if timed_out else "invoke") from None
         duration = time.monotonic() - attempt.sent_at
         try:
             result = json.loads(body) if body else None
         except ValueError:
-            raise _AttemptFailed("function returned a non-JSON payload") from None
+            raise _AttemptFailed("function returned a non-JSON payload", "raise") from None
         if response.get("FunctionError"):
             error = result if isinstance(result, dict) else {}
-            raise _AttemptFailed(f"function error {error.get('errorType', 'Unhandled')}: "
-                                 f"{error.get('errorMessage', body[:500])}")
+            error_type = str(error.get("errorType", "Unhandled"))
+            raise _AttemptFailed(f"function error {error_type}: {error.get('errorMessage', body[:500])}",
+                                 _FUNCTION_ERROR_KINDS.get(error_type, "raise"))
         return result, duration
 
     async def close(self) -> None:

@@ -15,7 +15,8 @@ epoch: the training pass, then (when due) the evaluation pass. Stages meet where
 The mode (:mod:`graphserver.modes`) adds its waits: a barrier after every stage (sync), the
 epoch gate ``e <= min_epoch + S`` (async), and the oldest weight version a pass may use. When
 every interval finished an epoch, its report (loss, accuracy counts, seconds per task, bytes,
-staleness, weight lag, relaunches) waits for the coordinator's next ``progress`` poll.
+staleness, weight lag, relaunches, failures by kind, fallbacks) waits for the coordinator's next
+``progress`` poll.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ class Scheduler:
             "staleness_max": max(record.staleness, default=0),
             "staleness_sum": sum(record.staleness), "staleness_reads": len(record.staleness),
             "weight_lag_max": record.weight_lag_max, "concurrency": server.backend.concurrency,
-            **{k: stats.get(k, 0) for k in ("invocations", "relaunches", "failed_calls")},
+            **{k: stats.get(k, 0) for k in ("invocations", "relaunches", "failed_calls", "fallback_calls")},
+            "failures": dict(stats.get("failures", {})),  # failed function attempts by kind
             **server.take_traffic(),
         }
         server.reports.append(report)

@@ -59,5 +59,5 @@ def make_backend(name: str, server: Any, *, concurrency: int, lambda_endpoint: s
         from graphserver.backends.serverless import LambdaBackend
 
         return LambdaBackend(server.config, concurrency=concurrency, endpoint_url=lambda_endpoint,
-                             function_name=function_name, region=region)
+                             function_name=function_name, region=region, server=server)
     raise ValueError(f"unknown backend {name!r}; known: cpu, gpu, lambda")

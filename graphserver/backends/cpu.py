@@ -24,30 +24,37 @@ class CpuBackend(Backend):
         self.calls = 0
 
     async def run(self, event: dict[str, Any], priority: tuple) -> None:
+        async with self.limiter.slot(priority):
+            self.calls += 1
+            await self.compute(event)
+
+    async def compute(self, event: dict[str, Any]) -> None:
+        """Run one stage on the graph server's own rows, outside any slot: the lambda backend's
+        fallback for a task its functions keep failing (:mod:`graphserver.backends.serverless`)
+        runs it here. Weights and gradients go through the parameter server as a function's
+        would, so a gradient a failed attempt already pushed is dropped there as a duplicate."""
         server = self.server
         a, b = event["rows"]
         layer, epoch, interval = event["layer"], event["epoch"], event["interval"]
-        async with self.limiter.slot(priority):
-            self.calls += 1
-            rows = [server.state.rows(name)[a:b] for name in event["reads"]]
-            params, meta = None, {}
-            if event["weights"]:
-                reply, tensors = await server.ps.request(Header(
-                    Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
-                    meta={"weights": event["weights"]}), timeout=server.config.task_timeout_s)
-                params = dict(zip(reply.names, tensors))
-                meta = {"version": reply.version,
-                        "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
-            model = get_model(event["model"])
-            result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, server.state.compute, model, event["task"], layer, rows, params, event["args"])
-            if event["grad"] and result.grads is not None:
-                await server.ps.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval,
-                                               part=server.part_id, version=meta["version"],
-                                               names=tuple(result.grads)), list(result.grads.values()),
-                                        timeout=server.config.task_timeout_s)
-            meta.update(result.meta)
-            server.accept_result(event["pass"], event["task"], layer, epoch, interval, result.rows, meta)
+        rows = [server.state.rows(name)[a:b] for name in event["reads"]]
+        params, meta = None, {}
+        if event["weights"]:
+            reply, tensors = await server.ps.request(Header(
+                Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
+                meta={"weights": event["weights"]}), timeout=server.config.task_timeout_s)
+            params = dict(zip(reply.names, tensors))
+            meta = {"version": reply.version,
+                    "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
+        model = get_model(event["model"])
+        result = await asyncio.get_running_loop().run_in_executor(
+            self.executor, server.state.compute, model, event["task"], layer, rows, params, event["args"])
+        if event["grad"] and result.grads is not None:
+            await server.ps.request(Header(Op.PUSH_GRADS, layer=layer, epoch=epoch, interval=interval,
+                                           part=server.part_id, version=meta["version"],
+                                           names=tuple(result.grads)), list(result.grads.values()),
+                                    timeout=server.config.task_timeout_s)
+        meta.update(result.meta)
+        server.accept_result(event["pass"], event["task"], layer, epoch, interval, result.rows, meta)
 
     def take_stats(self) -> dict[str, Any]:
         stats = {"invocations": self.calls, **self.limiter.take_stats()}

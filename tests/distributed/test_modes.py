@@ -102,7 +102,7 @@ def test_faults_are_relaunched_and_every_gradient_applied_once(tmp_path, cora):
     _, clean = _train(tmp_path, cora, "clean", **common)
     summary, faulty = _train(tmp_path, cora, "faulty", **common, fault_raise=0.10, fault_crash=0.02,
                              fault_straggle=0.05, fault_straggle_factor=10, fault_seed=3, relaunch_min_s=0.3,
-                             max_attempts=8)
+                             fallback_after=8)
     assert summary["gradients"]["applied"] == 2 * intervals * LAYERS * epochs
     assert sum(m["failed_calls"] for m in faulty) > 0 and sum(m["relaunches"] for m in faulty) > 0
     for want, got in zip(clean, faulty):

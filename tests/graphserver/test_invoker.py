@@ -14,7 +14,7 @@ HANDLERS = handlers.__name__
 # The directory from which the handler modules import; pytest does not leave it on sys.path for
 # the emulator's workers.
 CODE_DIR = str(Path(handlers.__file__).parents[HANDLERS.count(".")])
-STATS_KEYS = {"invocations", "relaunches", "failed_calls", "throttled", "busy_s", "wait_s", "max_waiting",
+STATS_KEYS = {"invocations", "relaunches", "failed_calls", "failures", "throttled", "busy_s", "wait_s", "max_waiting",
               "capacity", "interval_s"}
 
 
@@ -72,14 +72,14 @@ def test_throttled_calls_are_retried_until_they_run(single):
 
 
 def test_function_error_names_the_task(emulator):
-    invoker = LambdaInvoker(emulator.url, "fail", concurrency=1, timeout_s=30, max_attempts=1)
+    invoker = LambdaInvoker(emulator.url, "fail", concurrency=1, timeout_s=30, fallback_after=1)
     with pytest.raises(TaskFailed, match=r"AV interval 2 epoch 5 layer 1 on graph server 0: failed after 1 attempt; "
                                          r"last error: function error ValueError: .*bad rows"):
         run(using(invoker, lambda inv: inv.invoke(event(2, message="bad rows"))))
 
 
 def test_unreachable_endpoint_is_a_task_failure():
-    invoker = LambdaInvoker("http://127.0.0.1:9", "sleep", concurrency=1, timeout_s=5, max_attempts=2)
+    invoker = LambdaInvoker("http://127.0.0.1:9", "sleep", concurrency=1, timeout_s=5, fallback_after=2)
     with pytest.raises(TaskFailed, match="AV interval 0 epoch 5 layer 1 on graph server 0: failed after 2 attempts; "
                                          "last error: invoke failed"):
         run(using(invoker, lambda inv: inv.invoke(event(0, seconds=0))))
@@ -176,7 +176,7 @@ def test_first_call_of_a_kind_waits_timeout_s_before_a_relaunch(emulator):
 
 
 def test_all_attempts_failing_raise_task_failed_with_the_count(emulator):
-    invoker = LambdaInvoker(emulator.url, "fail", concurrency=2, timeout_s=30, max_attempts=3)
+    invoker = LambdaInvoker(emulator.url, "fail", concurrency=2, timeout_s=30, fallback_after=3)
     with pytest.raises(TaskFailed, match=r"AV interval 4 epoch 5 layer 1 on graph server 0: failed after 3 attempts; "
                                          r"last error: function error ValueError: bad rows \(attempt 2\)"):
         run(using(invoker, lambda inv: inv.invoke(event(4, message="bad rows"))))
@@ -233,6 +233,6 @@ def test_relaunch_deadline_follows_the_moving_mean_per_task_kind():
     assert invoker.relaunch_after("GA") == 30  # never beyond timeout_s
 
 
-def test_max_attempts_must_be_positive():
+def test_fallback_after_must_be_positive():
     with pytest.raises(ValueError):
-        LambdaInvoker(None, "f", concurrency=1, timeout_s=1, max_attempts=0)
+        LambdaInvoker(None, "f", concurrency=1, timeout_s=1, fallback_after=0)

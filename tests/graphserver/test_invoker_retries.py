@@ -56,8 +56,8 @@ async def using(invoker: LambdaInvoker, coro_fn):
 
 
 def test_throttled_invoke_is_retried_by_botocore_and_succeeds(single):
-    # max_attempts=1: no relaunch, so only botocore's retries can turn the 429s into a result.
-    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=30, max_attempts=1)
+    # fallback_after=1: no relaunch, so only botocore's retries can turn the 429s into a result.
+    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=30, fallback_after=1)
 
     async def calls(inv):
         await inv.invoke(event(0, seconds=0))  # the client exists before the worker is taken
@@ -75,7 +75,7 @@ def test_throttled_invoke_is_retried_by_botocore_and_succeeds(single):
 
 
 def test_persistently_throttled_invoke_fails_with_a_clear_error(single):
-    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=30, max_attempts=1, max_throttle_retries=2)
+    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=30, fallback_after=1, max_throttle_retries=2)
     hold_the_only_worker(single, 20)  # longer than 2 retries' backoff (at most 1 + 2 s); close() ends it
     with pytest.raises(TaskFailed, match=r"AV interval 0 epoch 5 layer 1 on graph server 0: failed after 1 attempt; "
                                          r"last error: invoke failed: TooManyRequestsException: .*"
@@ -106,7 +106,7 @@ def test_backing_off_does_not_count_towards_the_relaunch_deadline(single):
 def test_read_timeout_is_not_resent_by_botocore(single):
     # The read times out (timeout_s) while the function runs; botocore would resend the same
     # attempt, a second run of the function. It fails the attempt instead.
-    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=1.0, max_attempts=1)
+    invoker = LambdaInvoker(single.url, "sleep", concurrency=1, timeout_s=1.0, fallback_after=1)
 
     async def calls(inv):
         await inv.invoke(event(0, seconds=0))  # the client exists before the clock starts
