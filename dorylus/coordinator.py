@@ -51,6 +51,15 @@ class ClusterError(DorylusError):
     exit_status = 1
 
 
+class RoleDied(ClusterError):
+    """A running role's process exited (``role``: its name). The training loop may restart the
+    roles and go on from the last epoch's state (``--max-recoveries``, :func:`dorylus.training._train`)."""
+
+    def __init__(self, message: str, role: str):
+        super().__init__(message)
+        self.role = role
+
+
 @dataclasses.dataclass
 class _Child:
     name: str
@@ -427,8 +436,27 @@ class LocalCluster(Cluster):
     def _check_alive(self) -> None:
         for child in self.children:
             if child.process.poll() is not None:
-                raise ClusterError(f"{child.name} exited with code {child.process.returncode}; "
-                                   f"its log ({child.log}) ends with:\n{child.tail()}")
+                raise RoleDied(f"{child.name} exited with code {child.process.returncode}; "
+                               f"its log ({child.log}) ends with:\n{child.tail()}", child.name)
+
+    def restart(self) -> None:
+        """Stop every role that is left and start them all again, fresh (a new parameter server
+        without state, graph servers without epochs, a new emulator and keys): the training
+        loop then restores its last state into them. The watchdog keeps what it learned of
+        each step's duration."""
+        durations = self.watchdog.durations
+        self.close()
+        self.ctx = zmq.Context()
+        if self.keys_dir is not None:  # close() removed the run's keys: a restarted run makes new ones
+            self.keys = self._make_keys()
+        self.watchdog = Watchdog(self.ctx, self.config.watchdog_min_s, self.config.watchdog_factor,
+                                 self.config.task_timeout_s, keys=self.keys)
+        self.watchdog.durations = durations
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def emulator_stats(self) -> dict[str, Any]:
         return self.emulator.stats() if self.emulator is not None else {}
@@ -445,6 +473,12 @@ class DistributedTrainer:
     """
 
     POLL_S = 0.005
+    # No report is due before 3/4 of the previous epoch's length: until then the coordinator
+    # sleeps instead of polling every POLL_S (each poll wakes every graph server's event loop
+    # beside its Gather and compute; on a 2-part dense-feature run that was about 60 polls per
+    # epoch), at most IDLE_S at a time so that the watchdog still looks often.
+    EARLY_FRACTION = 0.75
+    IDLE_S = 0.25
 
     def __init__(self, config: TrainConfig, cluster: Cluster):
         self.config = config
@@ -457,8 +491,29 @@ class DistributedTrainer:
         self.reports: dict[int, list[dict[str, Any]]] = {}  # epoch -> reports, one per graph server so far
         self.finished = [0] * len(cluster.servers)           # last epoch each graph server reported
         self.epoch_end = time.perf_counter()
+        self.last_epoch_s = 0.0  # the previous epoch's length as step saw it (none yet)
         self.before = cluster.emulator_stats()
         self.pricing = Pricing.of_run(config, cluster.store.num_parts)
+        self.since_epoch = 1  # the parameter server's counts (grad_counts) start here
+
+    @property
+    def can_recover(self) -> bool:
+        """Whether the roles can be restarted by the coordinator (local mode)."""
+        return hasattr(self.cluster, "restart")
+
+    def recover(self, latest) -> None:
+        """Restart every role and load ``latest`` (a :class:`~dorylus.runs.Checkpoint` of the last
+        finished epoch; None: no epoch finished, the fresh parameter server's seeded weights are
+        the start), so that the next ``step`` trains the epoch after it."""
+        self.cluster.restart()
+        self.cluster.ps_request(Header(Op.COMMAND, meta={"command": "configure", "expected": self.cluster.intervals}))
+        self.started = False
+        self.reports = {}
+        self.finished = [0] * len(self.cluster.servers)
+        self.before = self.cluster.emulator_stats()
+        if latest is not None:
+            self.restore(latest.params, latest.optimizer, latest.epoch)
+        self.since_epoch = (latest.epoch if latest is not None else 0) + 1
 
     def _start(self, first: int) -> None:
         self.finished = [first - 1] * len(self.cluster.servers)
@@ -492,14 +547,16 @@ class DistributedTrainer:
             self._start(epoch)
         start = time.monotonic()
         bound, why = self.cluster.watchdog.bound("epoch")
+        due = self.epoch_end + self.EARLY_FRACTION * self.last_epoch_s
         while len(self.reports.get(epoch, ())) < len(self.cluster.servers):
             self._poll()
             self.cluster.check(f"epoch {epoch}", time.monotonic() - start, bound, why)
-            time.sleep(self.POLL_S)
+            time.sleep(min(self.IDLE_S, max(self.POLL_S, due - time.perf_counter())))
         self.cluster.watchdog.record("epoch", time.monotonic() - start)
         reports = self.reports.pop(epoch)
         now = time.perf_counter()
         seconds, self.epoch_end = now - self.epoch_end, now
+        self.last_epoch_s = seconds
         metrics: dict[str, Any] = {"epoch": epoch, "loss": float(sum(r["loss"] for r in reports))}
         if reports[0]["evaluated"]:
             metrics.update({f"{k}_acc": sum(r[f"correct_{k}"] for r in reports) / v if v else float("nan")
@@ -530,7 +587,10 @@ class DistributedTrainer:
     def grad_counts(self) -> dict[str, int]:
         """Gradient pushes the parameter server applied and dropped (duplicates), run totals."""
         reply, _ = self.cluster.ps_request(Header(Op.STATS))
-        return {"applied": int(reply.meta["applied"]), "dropped": int(reply.meta["dropped"])}
+        counts = {"applied": int(reply.meta["applied"]), "dropped": int(reply.meta["dropped"])}
+        if self.since_epoch > 1:  # a recovered run: the counts of the parameter server started then
+            counts["since_epoch"] = self.since_epoch
+        return counts
 
     def _cost(self, before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
         """The epoch's function bill (the emulator's counters since the last epoch) and its

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
-from dorylus.coordinator import DistributedTrainer
+from dorylus.coordinator import DistributedTrainer, RoleDied
 from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
@@ -133,7 +133,7 @@ DEFAULT_PARTS = 2
 # What `--resume` may change: how long and how carefully to run, never what is computed.
 RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
                               "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "fallback_after",
-                              "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
+                              "max_recoveries", "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
                               "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like", "curve", "max_message_mb"})
 
 
@@ -369,15 +369,37 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         first = resume.epoch + 1
     latest, saved = resume, resume.epoch if resume is not None else 0
     bar = EpochProgress(config.epochs, progress)
+    recoveries, recovered_in, unlogged = 0, None, 0
     try:
-        for epoch in range(first, config.epochs + 1):
-            metrics = trainer.step(epoch)
+        epoch = first
+        while epoch <= config.epochs:
+            try:
+                metrics = trainer.step(epoch)
+            except RoleDied as exc:
+                # A role's process died: restart the roles from the state after the last finished
+                # epoch (kept in `latest`), as --resume would, and train this epoch again. A role
+                # that dies again in the same epoch is not bad luck: the run stops as before.
+                if not getattr(trainer, "can_recover", False) or recoveries >= config.max_recoveries \
+                        or recovered_in == epoch:
+                    raise
+                recoveries, recovered_in, unlogged = recoveries + 1, epoch, unlogged + 1
+                if latest is not None and latest.epoch > saved:  # durable first: the restart may fail
+                    run.save_checkpoint(latest)
+                    saved = latest.epoch
+                print(f"{exc.role} died during epoch {epoch} ({str(exc).splitlines()[0]}); recovery {recoveries} "
+                      f"of {config.max_recoveries}: restarting the roles from the state after epoch "
+                      f"{latest.epoch if latest is not None else 0}", file=progress or sys.stderr, flush=True)
+                trainer.recover(latest)
+                continue
+            if getattr(trainer, "can_recover", False):
+                metrics["recoveries"], unlogged = unlogged, 0
             run.log_epoch(metrics)
             bar.update(metrics)
             latest = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
             if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
                 run.save_checkpoint(latest)
                 saved = epoch
+            epoch += 1
     except BaseException as exc:
         if latest is not None and latest.epoch > saved:
             run.save_checkpoint(latest)
@@ -404,6 +426,8 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         summary["failures"] = {k: sum(m.get("failures", {}).get(k, 0) for m in history)
                                for k in sorted({k for m in history for k in m.get("failures", {})})}
     summary["pricing"] = trainer.pricing.to_dict()
+    if getattr(trainer, "can_recover", False):
+        summary["recoveries"] = recoveries
     if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
         summary["gradients"] = trainer.grad_counts()
     run.write_summary(summary)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 30
 CHECKPOINT_EVERY = 5
 TRAIN = ["--dataset", str(CORA), "--backend", "lambda", "--parts", "2", "--epochs", str(EPOCHS),
-         "--checkpoint-every", str(CHECKPOINT_EVERY)]
+         "--checkpoint-every", str(CHECKPOINT_EVERY), "--max-recoveries", "0"]  # the manual resume path
 
 
 def dorylus(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
