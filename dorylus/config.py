@@ -33,6 +33,8 @@ MAX_FUNCTIONS = 1000
 # Failed attempts of one call before its graph server runs it: each is an invoke billed, and up to
 # this many attempts of a straggling call may be in flight at once.
 MAX_FALLBACK_AFTER = 100
+# Automatic restarts of a run's roles: a run that loses roles more often than this is not unlucky.
+MAX_RECOVERIES = 100
 # A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
 # handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
 # WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
@@ -48,7 +50,7 @@ COORDINATOR_FIELDS = frozenset({
     "watchdog_min_s", "watchdog_factor", "function_handler", "lambda_memory_mb", "lambda_start_latency_ms",
     "lambda_cold_start_ms", "lambda_keep_warm_s", "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like",
     "fault_raise", "fault_crash", "fault_hang", "fault_straggle", "fault_straggle_factor", "fault_seed",
-    "graph_server_instance", "param_server_instance", "curve",
+    "graph_server_instance", "param_server_instance", "curve", "max_recoveries",
 })
 
 
@@ -189,6 +191,11 @@ class _Config:
                                         "ZeroMQ drop the connection. Default: per receiver, twice the largest "
                                         "legitimate frame (its partition's rows x widest buffer; the largest "
                                         "weight) plus 64 KB, at least 1 MB")
+    max_recoveries: int = _opt(3, "local mode: times a run restarts its roles by itself after one died (a graph "
+                               "server or the parameter server exited, e.g. SIGKILL or out of memory) and goes on "
+                               "from the state after the last finished epoch; a role that dies again within the "
+                               f"same epoch, or one death more, stops the run with a checkpoint. 0 to "
+                               f"{MAX_RECOVERIES}; 0: every death stops the run")
     checkpoint_every: int = _opt(10, "write checkpoint.pt every K epochs (also at the end, on Ctrl-C/SIGTERM "
                                  "and when a role fails)")
     epochs: int = _opt(200, "number of training epochs")
@@ -261,6 +268,8 @@ class _Config:
             (math.isfinite(self.watchdog_min_s) and self.watchdog_min_s > 0, "watchdog_min_s must be > 0"),
             (math.isfinite(self.watchdog_factor) and self.watchdog_factor >= 1, "watchdog_factor must be >= 1"),
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
+            (0 <= self.max_recoveries <= MAX_RECOVERIES,
+             f"max_recoveries must be in [0, {MAX_RECOVERIES}], got {self.max_recoveries}"),
             (self.max_message_mb is None or (math.isfinite(self.max_message_mb) and self.max_message_mb >= 1),
              "max_message_mb must be >= 1"),
             (DEVICE_PATTERN.fullmatch(self.device) is not None,
