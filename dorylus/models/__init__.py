@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-MODELS = {"gcn": "dorylus.models.gcn", "gat": "dorylus.models.gat", "sage": "dorylus.models.sage"}
+MODELS = {"gcn": "dorylus.models.gcn", "gat": "dorylus.models.gat", "sage": "dorylus.models.sage",
+          "gin": "dorylus.models.gin"}
 
 
 def get_model(name: str) -> ModuleType:

@@ -5,7 +5,9 @@ full matrix of modes x backends x parts x interval counts. Cora's layers (1433 -
 project before they gather; the cases with other shapes cover a hidden layer that gathers first
 (3 layers: 16 -> 16), a first layer that gathers first (synthetic-small, 128 -> 256) and a fused
 last layer (hidden 4 -> 7 classes: AV_LOSS). GAT (8 heads, attention dropout: edge masks keyed
-by global ids) and GraphSAGE run the same matrix as GCN's default shape.
+by global ids) and GraphSAGE run the same matrix as GCN's default shape; GIN (sum aggregation,
+learned eps) runs sync through the Lambda emulator on 2 graph servers, and the slow matrix's
+sync cases.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def assert_matches_reference(reference, distributed, dataset, epochs=EPOCHS):
 SHAPES = {"default": {}, "gather-hidden": {"layers": 3}, "gather-first": {"hidden": 256}, "fused-last": {"hidden": 4},
           "gat": {"model": "gat", "hidden": 8, "heads": 8, "dropout": 0.6, "input_dropout": 0.6,
                   "attention_dropout": 0.6, "lr": 0.005},
-          "sage": {"model": "sage"}}
+          "sage": {"model": "sage"}, "gin": {"model": "gin", "gin_train_eps": True}}
 CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite cases first
     ("cora", "default", "sync", "cpu", 1, 3),
     ("cora", "default", "pipe", "lambda", 2, 2),
@@ -80,12 +82,13 @@ CASES = [  # (dataset, shape, mode, backend, parts, intervals); default-suite ca
     ("cora", "sage", "sync", "cpu", 2, 2),
     ("synthetic-small", "default", "sync", "gpu", 1, 2),
     ("cora", "gat", "sync", "gpu", 2, 1),
+    ("cora", "gin", "sync", "lambda", 2, 2),
 ]
 # The gpu backend (on torch's CPU device here) with 4 intervals only, so that the matrix fits CI's
 # time budget (about 10 minutes less); one interval per part is the cpu and lambda cases' too.
-SLOW_CASES = [(d, s, m, b, p, i) for s in ("default", "gat", "sage") for d in ("cora", "synthetic-small")
+SLOW_CASES = [(d, s, m, b, p, i) for s in ("default", "gat", "sage", "gin") for d in ("cora", "synthetic-small")
               for m in ("sync", "pipe") for b in ("cpu", "lambda", "gpu") for p in (1, 2, 4) for i in (1, 4)
-              if (d, s, m, b, p, i) not in CASES and (b != "gpu" or i == 4)]
+              if (d, s, m, b, p, i) not in CASES and (b != "gpu" or i == 4) and (s != "gin" or m == "sync")]
 
 
 def _params(cases, marks=()):
