@@ -97,8 +97,8 @@ class _Config:
     # model
     model: str = _opt("gcn", _model_help(), tuple(MODELS))
     layers: int = _opt(2, "number of graph convolution layers")
-    hidden: int | None = _model_opt(16, "hidden width of every layer but the last (gat: per head; gin: also its "
-                                    "MLPs' inner width)")
+    hidden: int | None = _model_opt(16, "hidden width of every layer but the last (gat: per head; a model with an "
+                                    "MLP per layer: also its inner width)")
     dropout: float | None = _model_opt(0.5, "dropout on the input of every layer after the first")
     input_dropout: float | None = _model_opt(0.5, "dropout on the input features (layer 0)")
     heads: int | None = _model_opt(8, "gat: attention heads of every layer but the last (their outputs are "
