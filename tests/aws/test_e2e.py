@@ -32,7 +32,9 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.runs import read_metrics
-from tests.conftest import CORA
+from tests.graphs import SHARED_DATA
+
+CORA = SHARED_DATA / "cora.npz"
 
 pytestmark = pytest.mark.aws
 
