@@ -108,49 +108,24 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     from dorylus.data.loaders import load_dataset, open_edge_stream
-    from dorylus.partition import assign_parts, check_store_target, format_stats, open_store, partition_stats, write_store
-    from dorylus.partition.partitioner import choose_method
-    from dorylus.partition.streaming import STREAMING_METHODS, check_streaming_args, stream_assign, write_streamed_store
+    from dorylus.partition import check_store_target, format_stats, open_store, partition_stats
+    from dorylus.partition.placement import StreamOptions, assign
 
     check_store_target(args.out, args.overwrite)  # before the minutes of loading and partitioning
     if args.tmp_dir is not None and not args.tmp_dir.is_dir():
         raise ConfigError(f"--tmp-dir {args.tmp_dir} is not an existing directory")
     start = time.perf_counter()
-    method, stream, dataset = args.method, None, None
-    if method == "auto" or method in STREAMING_METHODS:
-        stream = open_edge_stream(args.dataset)
-        stream.count_edges(args.chunk_edges)
-        _stderr_progress(f"opened {stream.name}: {stream.num_nodes:,} vertices, {stream.num_edges:,} edges "
-                         f"({time.perf_counter() - start:.1f} s)")
-        if method == "auto":
-            budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
-            method, why = choose_method(stream.num_nodes, stream.num_edges, stream.symmetric, budget)
-            _stderr_progress(f"--method auto: {why}")
+    stream = open_edge_stream(args.dataset)
+    _stderr_progress(f"opened {stream.name}: {stream.num_nodes:,} vertices ({time.perf_counter() - start:.1f} s)")
+    options = StreamOptions(passes=args.passes, imbalance=args.imbalance, chunk_edges=args.chunk_edges,
+                            tmp_dir=args.tmp_dir, memory_budget_bytes=None if args.memory_budget_gb is None
+                            else int(args.memory_budget_gb * 2**30))
+    placement = assign(stream, args.parts, args.method, seed=args.seed, options=options,
+                       load=lambda: load_dataset(args.dataset), progress=_stderr_progress)
+    method = placement.method
     start = time.perf_counter()
-    if method in STREAMING_METHODS:
-        check_streaming_args(stream.num_nodes, args.parts, method, args.passes, args.imbalance, args.chunk_edges)
-        parts = stream_assign(stream.num_nodes, lambda: stream.chunks(args.chunk_edges), args.parts, method,
-                              seed=args.seed, passes=args.passes, imbalance=args.imbalance,
-                              num_edges=max(1, stream.num_edges // 2 if stream.symmetric else stream.num_edges),
-                              progress=_stderr_progress)
-        _stderr_progress(f"{method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
-        start = time.perf_counter()
-        write_streamed_store(stream, parts, args.out, num_parts=args.parts, method=method, seed=args.seed,
-                             overwrite=args.overwrite, sparse_features=args.sparse_features,
-                             chunk_edges=args.chunk_edges, tmp_dir=args.tmp_dir, progress=_stderr_progress)
-    else:
-        dataset = stream.in_memory if stream is not None and stream.in_memory is not None else None
-        del stream
-        if dataset is None:
-            dataset = load_dataset(args.dataset)
-            _stderr_progress(f"loaded {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges "
-                             f"({time.perf_counter() - start:.1f} s)")
-        start = time.perf_counter()
-        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, method, seed=args.seed)
-        _stderr_progress(f"{method} assignment into {args.parts} parts ({time.perf_counter() - start:.1f} s)")
-        start = time.perf_counter()
-        write_store(dataset, parts, args.out, method=method, seed=args.seed, overwrite=args.overwrite,
-                    sparse_features=args.sparse_features, progress=_stderr_progress)
+    placement.write(args.out, seed=args.seed, overwrite=args.overwrite, sparse_features=args.sparse_features,
+                    progress=_stderr_progress)
     _stderr_progress(f"wrote {args.out} ({time.perf_counter() - start:.1f} s)")
     stats = partition_stats(open_store(args.out, verify=False))
     print(format_stats(stats))

@@ -21,6 +21,9 @@ from dorylus.errors import ConfigError
 from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 
+# dorylus.partition.placement.CHOICES (a test holds them equal; importing it here would load the store)
+PARTITION_METHODS = ("auto", "metis", "random", "contiguous", "ldg", "fennel")
+
 MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices the gpu backend runs on
 MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
@@ -138,7 +141,10 @@ class _Config:
                                   "into the run directory)")
     parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
                              "store's count with --partitions (giving another count is an error)")
-    partition_method: str = _opt("metis", "partitioner used at start", ("metis", "random", "contiguous"))
+    partition_method: str = _opt("auto", "partitioner used at start: 'auto' = METIS where its memory estimate fits "
+                                 "60 percent of available memory, else the streaming Fennel (as dorylus partition "
+                                 "--method auto); ldg and fennel stream the edges and write the store part by part",
+                                 PARTITION_METHODS)
     intervals: int = _opt(2, "intervals per graph server: one function call per interval and stage (more "
                           f"overlap Gather with functions; each call costs an invoke); 1 to {MAX_INTERVALS} "
                           "(a part with fewer owned vertices gets one interval per vertex)")

@@ -160,7 +160,9 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
         return _run(config, RunDir.create, dataset, None, {"dataset": dataset.fingerprint(), "partitions": None},
                     None, progress)
 
-    from dorylus.partition import assign_parts, open_store
+    from dorylus.data.loaders import EdgeStream
+    from dorylus.partition import open_store
+    from dorylus.partition.placement import assign
 
     # A bad store or partitioning fails before the run directory exists: nothing is left behind.
     store = open_store(config.partitions, verify=True) if config.partitions else None
@@ -173,8 +175,8 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
                     "partitions": store.fingerprint()}
         return _run(config, RunDir.create, dataset, store, identity, None, progress)
     config = dataclasses.replace(config, parts=config.parts or DEFAULT_PARTS)
-    assignment = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, config.parts, config.partition_method,
-                              seed=config.seed)
+    assignment = assign(EdgeStream.from_dataset(dataset, config.dataset), config.parts, config.partition_method,
+                        seed=config.seed, progress=lambda line: print(line, file=progress or sys.stderr, flush=True))
     identity = {"dataset": dataset.fingerprint(), "partitions": None}
     # _run gets the only reference we hold: once the store is written the dataset's arrays are
     # freed, unless the caller keeps the dataset itself.
@@ -302,8 +304,8 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
          identity: dict[str, str | None], checkpoint: Checkpoint | None, progress: IO[str] | None,
          cluster=None) -> dict[str, Any]:
     """Open the run directory, build the trainer of ``config.backend`` and train. ``placement``
-    is the partition store, or a part assignment to write into the run directory. ``dataset``
-    may come as a one-element list that this takes over (emptied), so that the dataset is
+    is the partition store, or a :class:`~dorylus.partition.placement.Placement` to write into
+    the run directory. ``dataset`` may come as a one-element list that this takes over (emptied), so that the dataset is
     freed once the store is written. ``cluster``: a started :class:`~dorylus.remote.RemoteCluster`
     (cluster mode), closed here."""
     if isinstance(dataset, list):
@@ -336,13 +338,12 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
                                  "num_edges": dataset.num_edges})
 
         from dorylus.coordinator import LocalCluster
-        from dorylus.partition import PartitionStore, open_store, write_store
+        from dorylus.partition import PartitionStore, open_store
 
         store = placement
         if not isinstance(store, PartitionStore):
             store_path = run.path / "partitions"
-            write_store(dataset, placement, store_path, method=config.partition_method, seed=config.seed,
-                        sparse_features=config.sparse_features)
+            placement.write(store_path, seed=config.seed, sparse_features=config.sparse_features)
             store = open_store(store_path, verify=False)
             identity = {**identity, "partitions": store.fingerprint()}
         # The graph servers load their own parts: nothing of the graph stays in the coordinator.

@@ -208,3 +208,36 @@ def test_cli_auto_picks_by_the_memory_budget(tmp_path):
                     "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert roomy.returncode == 0, roomy.stderr
     assert "fits the budget" in roomy.stderr and open_store(tmp_path / "b").meta.partitioner == "metis"
+
+
+def test_train_offers_every_partition_method():
+    """TrainConfig's literal list (config must not import the store) is the placement's."""
+    from dorylus.config import PARTITION_METHODS
+    from dorylus.partition.placement import CHOICES
+
+    assert sorted(PARTITION_METHODS) == sorted(CHOICES)
+
+
+def test_train_partitions_with_a_streaming_method_and_equals_the_reference(tmp_path):
+    """dorylus train --partition-method fennel: the store is written part by part from buckets,
+    records the method, and sync training on it equals the single-process reference per epoch."""
+    import io
+    import json
+
+    from dorylus.config import TrainConfig
+    from dorylus.data.synthetic import SyntheticSpec, generate
+    from dorylus.runs import read_metrics
+    from dorylus.training import run_training
+
+    data = generate(SyntheticSpec(name="tiny", num_nodes=600, num_edges=6000, num_features=12, num_classes=3), seed=1)
+    base = TrainConfig(dataset="tiny", epochs=3, intervals=2, seed=2)
+    runs = {}
+    for backend, method in (("reference", "auto"), ("cpu", "fennel")):
+        config = TrainConfig.from_dict({**base.to_dict(), "backend": backend, "partition_method": method,
+                                        "run_dir": str(tmp_path / backend)})
+        run_training(config, data, progress=io.StringIO())
+        runs[backend] = read_metrics(tmp_path / backend)
+    assert json.loads((tmp_path / "cpu" / "partitions" / "meta.json").read_text())["partitioner"] == "fennel"
+    for ref, got in zip(runs["reference"], runs["cpu"], strict=True):
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5)
+        assert abs(got["test_acc"] - ref["test_acc"]) <= 1 / 600 + 1e-12
