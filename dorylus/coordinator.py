@@ -473,12 +473,6 @@ class DistributedTrainer:
     """
 
     POLL_S = 0.005
-    # No report is due before 3/4 of the previous epoch's length: until then the coordinator
-    # sleeps instead of polling every POLL_S (each poll wakes every graph server's event loop
-    # beside its Gather and compute; on a 2-part dense-feature run that was about 60 polls per
-    # epoch), at most IDLE_S at a time so that the watchdog still looks often.
-    EARLY_FRACTION = 0.75
-    IDLE_S = 0.25
 
     def __init__(self, config: TrainConfig, cluster: Cluster):
         self.config = config
@@ -491,7 +485,6 @@ class DistributedTrainer:
         self.reports: dict[int, list[dict[str, Any]]] = {}  # epoch -> reports, one per graph server so far
         self.finished = [0] * len(cluster.servers)           # last epoch each graph server reported
         self.epoch_end = time.perf_counter()
-        self.last_epoch_s = 0.0  # the previous epoch's length as step saw it (none yet)
         self.before = cluster.emulator_stats()
         self.pricing = Pricing.of_run(config, cluster.store.num_parts)
         self.since_epoch = 1  # the parameter server's counts (grad_counts) start here
@@ -547,16 +540,18 @@ class DistributedTrainer:
             self._start(epoch)
         start = time.monotonic()
         bound, why = self.cluster.watchdog.bound("epoch")
-        due = self.epoch_end + self.EARLY_FRACTION * self.last_epoch_s
         while len(self.reports.get(epoch, ())) < len(self.cluster.servers):
             self._poll()
             self.cluster.check(f"epoch {epoch}", time.monotonic() - start, bound, why)
-            time.sleep(min(self.IDLE_S, max(self.POLL_S, due - time.perf_counter())))
+            # Every POLL_S: in sync mode the graph servers do not wait for the coordinator, so
+            # epoch_s is when this loop sees each epoch; sleeping through part of an epoch (tried:
+            # 3/4 of the last one, half the shortest of the last 3) saved polls but made epoch_s
+            # come in bunches (0.26, 0.13, 0.002, 0.03 s) once one epoch was seen late.
+            time.sleep(self.POLL_S)
         self.cluster.watchdog.record("epoch", time.monotonic() - start)
         reports = self.reports.pop(epoch)
         now = time.perf_counter()
         seconds, self.epoch_end = now - self.epoch_end, now
-        self.last_epoch_s = seconds
         metrics: dict[str, Any] = {"epoch": epoch, "loss": float(sum(r["loss"] for r in reports))}
         if reports[0]["evaluated"]:
             metrics.update({f"{k}_acc": sum(r[f"correct_{k}"] for r in reports) / v if v else float("nan")
