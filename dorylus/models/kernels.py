@@ -18,12 +18,17 @@ in CSR order within a row, so results are deterministic for a given thread count
 depend on it (a row is never split between threads).
 
 numba is imported lazily (on the first call), so modules that import this one but never call it
-(the Lambda bundle ships numpy and pyzmq only) do not need it.
+(the Lambda bundle ships numpy and pyzmq only) do not need it. Importing numba and loading the
+cached parallel kernels costs a process 2-4 s, more than a whole small graph's training, so
+products of fewer than :data:`SMALL_WORK` entries x width run on torch's CSR kernel and small
+transposes on a numpy sort (the ``auto`` choice of ``DORYLUS_GATHER_KERNEL``; ``numba`` or
+``torch`` force one). Both follow the same formula; they differ in float32 rounding only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Iterator
 
@@ -34,6 +39,11 @@ PREFETCH_DISTANCE = 16
 # Chunks per thread: rows are split by equal nnz into this many pieces per thread, taken
 # dynamically, so that a thread slowed by another process's job does not hold up the call for long.
 _CHUNKS_PER_THREAD = 16
+
+# Below this many stored entries x width a product runs on torch (see the module docstring):
+# synthetic-small's intervals (300K entries x 16) are below it, synthetic-1m's whole parts above.
+SMALL_WORK = 1 << 23
+KERNEL_CHOICES = ("auto", "numba", "torch")
 
 _lock = threading.Lock()
 _numba_kernels: Any = None
@@ -46,6 +56,38 @@ def _kernels() -> Any:
         from dorylus.models import _kernels_numba
         _numba_kernels = _kernels_numba
     return _numba_kernels
+
+
+def _use_numba(work: int) -> bool:
+    """Whether a product of ``work`` entries x width (or a transpose of ``work`` entries) runs on
+    numba: ``DORYLUS_GATHER_KERNEL`` (:data:`KERNEL_CHOICES`, default ``auto``) decides."""
+    choice = os.environ.get("DORYLUS_GATHER_KERNEL", "auto")
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"DORYLUS_GATHER_KERNEL must be one of {', '.join(KERNEL_CHOICES)}, got {choice!r}")
+    return choice == "numba" or (choice == "auto" and work >= SMALL_WORK)
+
+
+def _gather_torch(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, values: np.ndarray | None,
+                  row_scale: np.ndarray | None, col_scale: np.ndarray | None, out: np.ndarray) -> None:
+    """``gather`` through torch's CSR product: ``diag(row_scale) (V (diag(col_scale) x))``."""
+    import warnings
+
+    import torch
+
+    nnz = int(indptr[-1])
+    rows, cols = indptr.shape[0] - 1, x.shape[0]
+    scaled = x if col_scale is None else x * col_scale[:, None]
+    v = np.ones(nnz, np.float32) if values is None else values[:nnz]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        matrix = torch.sparse_csr_tensor(torch.from_numpy(indptr.astype(np.int64)),
+                                         torch.from_numpy(indices[:nnz].astype(np.int64)), torch.from_numpy(v),
+                                         size=(rows, cols), check_invariants=False)
+    product = (matrix @ torch.from_numpy(scaled)).numpy()
+    if row_scale is not None:
+        np.multiply(product, row_scale[:, None], out=out)
+    else:
+        out[:] = product
 
 
 def _threads() -> int:
@@ -136,6 +178,10 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     if nnz == 0:
         out.fill(0.0)
         return out
+    if not _use_numba(nnz * width):
+        _gather_torch(indptr, indices, x, None if values is None else v, None if row_scale is None else rs,
+                      None if col_scale is None else cs, out)
+        return out
     k = _kernels()
     threads = _threads()
     bounds = _row_bounds(indptr, threads)
@@ -170,6 +216,11 @@ def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray,
     np.cumsum(np.bincount(indices[:nnz], minlength=num_cols), out=indptr_t[1:])
     if indptr_t.shape[0] != num_cols + 1 or indptr_t[-1] != nnz:
         raise ValueError(f"indices must lie in [0, {num_cols})")
+    if not _use_numba(nnz):
+        # A stable sort by column keeps rows ascending within a column, as the counting sort does.
+        perm = np.argsort(indices[:nnz], kind="stable").astype(perm_type)
+        rows_of = np.repeat(np.arange(rows, dtype=row_type), np.diff(indptr))
+        return indptr_t, rows_of[perm], perm
     indices_t = np.empty(nnz, row_type)
     perm = np.empty(nnz, perm_type)
     _kernels().transpose_fill(indptr, indices, indptr_t, indices_t, perm)

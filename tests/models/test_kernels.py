@@ -10,6 +10,14 @@ import torch
 from dorylus.models import kernels
 
 
+@pytest.fixture(autouse=True, params=["numba", "torch"])
+def kernel(request, monkeypatch):
+    """Every test on both implementations: numba (large products) and torch/numpy (small ones,
+    which never pay numba's start-up); ``auto`` picks by size."""
+    monkeypatch.setenv("DORYLUS_GATHER_KERNEL", request.param)
+    return request.param
+
+
 def random_csr(rows: int, cols: int, nnz: int, rng: np.random.Generator, *, empty_rows: float = 0.2,
                self_loops: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A CSR structure with some empty rows, duplicate-free and sorted within each row."""
@@ -272,3 +280,21 @@ def test_import_does_not_load_numba():
     import sys
     code = "import sys, dorylus.models.kernels; assert 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_auto_runs_small_products_without_numba():
+    """A graph server that only gathers small intervals never imports numba (2-4 s per process)."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np; from dorylus.models import kernels; "
+            "ip = np.array([0, 2, 3]); ix = np.array([0, 1, 1], np.int32); x = np.ones((2, 4), np.float32); "
+            "assert kernels.gather(ip, ix, x).tolist() == [[2.0] * 4, [1.0] * 4]; "
+            "kernels.transpose_csr(ip, ix, 2); assert 'numba' not in sys.modules")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "DORYLUS_GATHER_KERNEL"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_unknown_kernel_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("DORYLUS_GATHER_KERNEL", "fortran")
+    with pytest.raises(ValueError, match="DORYLUS_GATHER_KERNEL"):
+        kernels.gather(np.array([0, 1]), np.array([0], np.int32), np.ones((1, 2), np.float32))
