@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(train)
     train.add_argument("--cluster", metavar="FILE",
                        help="cluster mode: train on the graph and parameter servers already running at the addresses "
-                            "of FILE (`terraform output -json cluster`, or the same shape by hand; see README), "
+                            "of FILE (`terraform output -json cluster`, or the same shape by hand; see docs/aws.md), "
                             "invoking the function it names; every connection uses CURVE. The servers must run "
                             "this run's training config (the coordinator checks) and are stopped at the end")
     train.add_argument("--keys", metavar="DIR", type=Path,

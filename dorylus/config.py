@@ -192,7 +192,7 @@ class _Config:
     curve: bool = _opt(False, "encrypt and authenticate every ZeroMQ connection of a local run with CURVE "
                        "(ephemeral keys in the run directory, removed when it ends); cluster mode always does, "
                        "with the keys of `dorylus keys`. Off by default: it costs 10 to 15 percent of an epoch "
-                       "on synthetic-1m (README, Transport security)")
+                       "on synthetic-1m (docs/security.md)")
     max_message_mb: float | None = _opt(None, "largest ZeroMQ frame a role accepts, in MB; a larger one makes "
                                         "ZeroMQ drop the connection. Default: per receiver, twice the largest "
                                         "legitimate frame (its partition's rows x widest buffer; the largest "
