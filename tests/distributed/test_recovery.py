@@ -131,6 +131,7 @@ def test_a_killed_role_comes_back_and_the_run_equals_an_uninterrupted_one(uninte
     assert not wait_gone(t.seen, 30), "processes left after the run"
 
 
+@pytest.mark.slow  # the default suite's 10 minutes keep the recovery itself (above)
 def test_a_role_killed_twice_in_one_epoch_stops_the_run_with_a_checkpoint(training, tmp_path):
     run = tmp_path / "run"
     t = training(run)

@@ -401,15 +401,16 @@ def test_every_thread_that_touches_cuda_sets_the_device_first(store):
     plan, host, state = _fake_cuda_state(store, config)
     main = threading.get_ident()
     stage, params = _stage(plan, "AV_BWD", 1), _params(config, 1)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(_run_stage, state, model, stage, 0, params, _args(stage)).result()
-        pool.submit(state.gather, model, _stage(plan, "GA", 0), 0, _args(_stage(plan, "GA", 0))).result()
 
     async def exchange():  # the event loop's thread plus asyncio.to_thread's for the copy
         name = sorted(plan.ghosted)[0]
         await state.rows_for_peers(name, [1, 2])
 
-    asyncio.run(exchange())
+    # The worker stays alive through the exchange: a finished thread's ident may be reused.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(_run_stage, state, model, stage, 0, params, _args(stage)).result()
+        pool.submit(state.gather, model, _stage(plan, "GA", 0), 0, _args(_stage(plan, "GA", 0))).result()
+        asyncio.run(exchange())
     assert len(state.cuda.used_by - {main}) >= 2  # a stage worker and a copy waiter, both bound
     assert state.cuda.used_by <= state.cuda.bound
 

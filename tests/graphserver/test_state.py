@@ -93,7 +93,8 @@ def test_project_first_buffer_names():
     plan = make_plan("project-first")
     assert plan.ghosted == {"P0", "P1"}
     state_names = {n for s in (*plan.train, *plan.evaluate) for n in (*s.reads, *s.writes)} - set(STATIC)
-    assert state_names == {"P0", "Y0", "dY0", "dP0", "P1", "Y1", "dY1", "dP1"}
+    # G: the gathered rows before the bias (BIAS makes Y of a hidden layer; LOSS reads G of the last)
+    assert state_names == {"P0", "G0", "Y0", "dY0", "dP0", "P1", "G1", "dY1", "dP1"}
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
