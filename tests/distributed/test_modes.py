@@ -90,6 +90,7 @@ def test_async_models_within_a_point_of_sync_on_cora(tmp_path, cora, model):
     assert abs(runs["async"]["final_test_acc"] - runs["sync"]["final_test_acc"]) <= 0.01, runs
 
 
+@pytest.mark.slow  # the default suite has test_fallback's faulty run (raise, straggle, crash)
 @pytest.mark.timeout(600)
 def test_faults_are_relaunched_and_every_gradient_applied_once(tmp_path, cora):
     """10% of calls raise, 2% crash their sandbox, 5% straggle x10 (relaunched after 0.3 s, up to 8

@@ -96,7 +96,9 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("victim", [
-    "graph server",
+    # A killed graph server now comes back by itself (test_recovery); the manual path stays
+    # in the default suite for the coordinator, the one role nothing restarts.
+    pytest.param("graph server", marks=pytest.mark.slow),
     pytest.param("parameter server", marks=pytest.mark.slow),
     "coordinator",
 ])
