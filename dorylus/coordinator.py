@@ -46,7 +46,11 @@ STARTUP_TIMEOUT_S = 120.0
 
 class ClusterError(DorylusError):
     """A role failed to start, reported an error, died or stalled; the message says which and why.
-    Not bad input, so the CLI exits with status 1."""
+    Not bad input, so the CLI exits with status 1. ``code``: the ERROR reply's code, if one came."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
     exit_status = 1
 
@@ -278,7 +282,7 @@ class Cluster:
                 if reply.req != req:
                     continue  # a late answer to an earlier request
                 if reply.op is Op.ERROR:
-                    raise ClusterError(f"{what} failed: {reply.message}")
+                    raise ClusterError(f"{what} failed: {reply.message}", reply.code)
                 return reply, tensors
             self.check(what, time.monotonic() - start, bound, why)
 

@@ -591,7 +591,7 @@ class ParameterServer:
         elif version in self._states:
             weights, optimizer = self._states[version]
         else:
-            raise ProtocolError("out_of_range", f"get_state: the state of version {version} is no longer kept "
+            raise ProtocolError("state_gone", f"get_state: the state of version {version} is no longer kept "
                                 f"(newest {self._version}, kept {sorted(self._states)})", req=header.req)
         arrays = _named(weights)
         arrays.update(optimizer)

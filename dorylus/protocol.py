@@ -164,6 +164,7 @@ ERROR_CODES = frozenset({
     "frame_length",      # frame bytes != prod(shape) * itemsize
     "bad_rows",          # reversed or negative row range
     "out_of_range",      # rows / interval / layer / part outside the receiver's bounds
+    "state_gone",        # get_state of a version the parameter server no longer keeps
     "row_count",         # rows tensor length differs from the row range
     "not_finite",        # NaN or inf in a float tensor (check_finite=True)
     "bad_bool",          # bool frame with bytes other than 0 and 1

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dorylus.config import TrainConfig
-from dorylus.coordinator import DistributedTrainer, RoleDied
+from dorylus.coordinator import ClusterError, DistributedTrainer, RoleDied
 from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
 from dorylus.errors import ConfigError
@@ -371,6 +371,7 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
     latest, saved = resume, resume.epoch if resume is not None else 0
     bar = EpochProgress(config.epochs, progress)
     recoveries, recovered_in, unlogged = 0, None, 0
+    due = False  # a checkpoint is owed (its epoch's state may have been gone: see below)
     try:
         epoch = first
         while epoch <= config.epochs:
@@ -396,10 +397,20 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
                 metrics["recoveries"], unlogged = unlogged, 0
             run.log_epoch(metrics)
             bar.update(metrics)
-            latest = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
-            if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
-                run.save_checkpoint(latest)
-                saved = epoch
+            due = due or epoch % config.checkpoint_every == 0 or epoch == config.epochs
+            try:
+                latest = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
+            except ClusterError as exc:
+                # The graph servers do not wait for the coordinator: one that fell more epochs
+                # behind than the parameter server keeps states for finds this epoch's gone.
+                # The last epoch's is always kept; a checkpoint that was due is taken at the
+                # first epoch whose state is still there.
+                if exc.code != "state_gone" or epoch == config.epochs:
+                    raise
+            else:
+                if due:
+                    run.save_checkpoint(latest)
+                    saved, due = epoch, False
             epoch += 1
     except BaseException as exc:
         if latest is not None and latest.epoch > saved:
