@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 
 def sleep(event, context):
@@ -28,9 +29,14 @@ def fail(event, context):
 
 
 def straggle_first(event, context):
-    """Sleep ``event["straggle_s"]`` on attempt 0 only, then answer."""
+    """Sleep ``event["straggle_s"]`` on attempt 0 only, then answer. With ``event["release"]`` (a
+    path), attempt 0 instead waits until that file exists, at most ``straggle_s``: the test, not
+    the machine's load, decides when the straggler may answer."""
     if event["attempt"] == 0:
-        time.sleep(event["straggle_s"])
+        release = event.get("release")
+        until = time.monotonic() + event["straggle_s"]
+        while time.monotonic() < until and not (release and Path(release).exists()):
+            time.sleep(0.01 if release else max(0.0, until - time.monotonic()))
     return {"attempt": event["attempt"]}
 
 
