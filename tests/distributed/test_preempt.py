@@ -7,13 +7,18 @@ per-epoch metrics equal an uninterrupted sync run's (loss to 1e-5 relative)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
+from dorylus import cli
+from dorylus.config import TrainConfig
+from dorylus.errors import ConfigError
 from dorylus.runs import read_metrics
-from tests.distributed.background import EPOCHS, REPO, assert_same_epochs, train_args
+from tests.distributed.background import EPOCHS, REPO, assert_same_epochs
+from tests.graphs import shared_data
 from tests.processes import wait_gone
 
 PREEMPT_AT = 3
@@ -47,18 +52,28 @@ def test_a_preempted_graph_server_checkpoints_comes_back_and_the_run_equals_an_u
 
 
 @pytest.mark.parametrize("preempt, why", [
-    (["2@3"], "there is no graph server 2, the run has 2 (0 to 1)"),
-    (["1@0"], "epoch 0 is not one the run trains (1 to 20)"),
-    (["1@21"], "epoch 21 is not one the run trains (1 to 20)"),
-    (["1@x"], "'1@x' is not PART@EPOCH"),
-    (["1@3", "1@3"], "preempt 1@3 is given twice"),
-    (["0@2", "1@3", "0@4", "0@5"], "preempt names 4 epoch(s), each a recovery, but max_recoveries is 3"),
+    ("2@3", "there is no graph server 2, the run has 2 (0 to 1)"),
+    ("1@0", "epoch 0 is not one the run trains (1 to 20)"),
+    ("1@21", "epoch 21 is not one the run trains (1 to 20)"),
+    ("1@x", "'1@x' is not PART@EPOCH"),
+    ("1@3,1@3", "preempt 1@3 is given twice"),
+    ("0@2,1@3,0@4,0@5", "preempt names 4 epoch(s), each a recovery, but max_recoveries is 3"),
 ])
-def test_preempt_is_validated_before_anything_is_written(tmp_path, preempt, why):
+def test_preempt_is_validated(preempt, why):
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        TrainConfig(backend="cpu", parts=2, epochs=EPOCHS, preempt=preempt)
+    with pytest.raises(ConfigError, match="reference backend has none"):
+        TrainConfig(backend="reference", preempt="0@1")
+
+
+def test_preempt_out_of_range_is_one_line_before_anything_is_written(tmp_path, capsys):
+    """Without --parts the run's 2 parts are known only once the dataset is loaded: still
+    before the run directory exists. Cluster mode takes no --preempt."""
     run = tmp_path / "run"
-    args = train_args(run)
-    for item in preempt:
-        args += ["--preempt", item]
+    args = [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(shared_data("cora.npz")), "--backend",
+            "cpu", "--run-dir", str(run), "--preempt", "0@2", "--preempt", "2@3"]
     result = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert why in result.stderr and not run.exists(), result.stderr
+    assert "there is no graph server 2, the run has 2" in result.stderr and not run.exists(), result.stderr
+    assert cli.main(["train", "--cluster", str(tmp_path / "cluster.json"), "--preempt", "0@2"]) == 2
+    assert "--preempt plays AWS in a local run" in capsys.readouterr().err
