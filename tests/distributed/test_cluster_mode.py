@@ -2,7 +2,8 @@
 
 The parameter server, two graph servers and the Lambda emulator run as separate ``dorylus``
 processes with CURVE keys from ``dorylus keys``; the cluster file names them and sends the
-invokes to the emulator. A sync run there equals a local-mode run of the same config per epoch;
+invokes to the emulator. A sync run there equals the single-process reference of the same config
+per epoch (as local mode does: test_sync_exactness.py);
 a coordinator started before the servers waits for them; servers refuse a coordinator whose
 config differs (nothing written) and clients without the right key; a bad cluster file is one
 clear error with exit status 2.
@@ -63,7 +64,7 @@ def _train(*args: str, timeout: float = 120) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_cluster_run_equals_local_run_and_stops_the_servers(env, tmp_path):
+def test_cluster_run_equals_the_reference_and_stops_the_servers(env, tmp_path):
     env.start_emulator()
     cluster_file = env.write_cluster_file()
     # The coordinator starts first and waits for the servers, as after a reboot.
@@ -72,9 +73,9 @@ def test_cluster_run_equals_local_run_and_stops_the_servers(env, tmp_path):
     try:
         time.sleep(0.5)
         env.start_servers()
-        local = tmp_path / "local-run"
-        run_training(TrainConfig(**{**CONFIG.to_dict(), "run_dir": str(local)}), random_graph(**GRAPH),
-                     progress=io.StringIO())
+        local = tmp_path / "reference-run"
+        run_training(TrainConfig(**{**CONFIG.to_dict(), "backend": "reference", "run_dir": str(local)}),
+                     random_graph(**GRAPH), progress=io.StringIO())
         out, err = coordinator.communicate(timeout=120)
     finally:
         if coordinator.poll() is None:

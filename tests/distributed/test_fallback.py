@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from dorylus.cli import main as cli_main
 from dorylus.config import TrainConfig
 from dorylus.emulator import serve
 from dorylus.runs import read_metrics
@@ -22,7 +21,6 @@ from graphserver.backends.serverless import LambdaBackend
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed
 from tests.graphserver import handlers
 
-REPO = Path(__file__).resolve().parents[2]
 CODE_DIR = str(Path(handlers.__file__).parents[handlers.__name__.count(".")])
 LAYERS = 2
 FAULTS = dict(fault_raise=0.10, fault_straggle=0.05, fault_straggle_factor=10.0, fault_crash=0.02, fault_seed=5)
@@ -128,18 +126,22 @@ def test_a_task_that_fails_on_its_graph_server_too_fails_with_both_errors(emulat
     assert backend.take_stats()["fallback_calls"] == 1
 
 
-def test_fallback_after_is_validated_and_documented(tmp_path):
+def test_fallback_after_is_validated_and_documented(tmp_path, capsys):
+    # In-process: the real command line's exit status and one-line error in a subprocess are
+    # tests/test_cli_errors.py's; here the option's bounds and its help.
     run_dir = tmp_path / "run"
     for bad in ("0", "101"):
-        result = subprocess.run([sys.executable, "-m", "dorylus.cli", "train", "--fallback-after", bad,
-                                 "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert "fallback_after must be in [1, 100]" in result.stderr and not run_dir.exists()
+        assert cli_main(["train", "--fallback-after", bad, "--run-dir", str(run_dir)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "fallback_after must be in [1, 100]" in err and not run_dir.exists()
     with pytest.raises(Exception, match="fallback_after"):
         TrainConfig(fallback_after=0)
-    helped = subprocess.run([sys.executable, "-m", "dorylus.cli", "train", "--help"], capture_output=True, text=True,
-                            cwd=REPO, timeout=120)
-    assert "--fallback-after" in helped.stdout and "fallback_calls" in " ".join(helped.stdout.split())
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["train", "--help"])
+    helped = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert "--fallback-after" in helped and "fallback_calls" in " ".join(helped.split())
 
 
 def test_an_old_run_directory_keeps_its_attempt_cap_as_k():
