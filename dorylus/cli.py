@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_or_resume(args: argparse.Namespace) -> dict:
     from dorylus.config import config_from_args, overrides_from_args
-    from dorylus.data.loaders import load_dataset
+    from dorylus.data.loaders import open_edge_stream
     from dorylus.training import ClusterArgs, check_new_run, resume_training, run_cluster_training, run_training
 
     cluster = None
@@ -77,7 +77,7 @@ def _train_or_resume(args: argparse.Namespace) -> dict:
         # Checksums cannot catch labels that were wrong when the store was written: refused
         # here, before the run directory exists, instead of failing at epoch 1 inside it.
         check_labels(open_store(config.partitions, verify=False), config.partitions)
-    return run_training(config, None if config.partitions else load_dataset(config.dataset))
+    return run_training(config, None if config.partitions else open_edge_stream(config.dataset))
 
 
 def check_labels(store, where: str) -> None:
