@@ -66,6 +66,9 @@ def _train_or_resume(args: argparse.Namespace) -> dict:
         if args.config:
             raise ConfigError("--resume continues with the run's own config.json; --config cannot be combined with it")
         return resume_training(args.resume, overrides_from_args(args), cluster=cluster)
+    if cluster is not None and args.preempt:
+        raise ConfigError("--preempt plays AWS in a local run; a cluster's spot servers get real notices "
+                          "(--spot-watch, docs/aws.md)")
     if cluster is not None:
         if args.dataset is not None:
             raise ConfigError("--cluster trains on the cluster file's partition store; --dataset does not apply")

@@ -53,8 +53,9 @@ COORDINATOR_FIELDS = frozenset({
     "watchdog_min_s", "watchdog_factor", "function_handler", "lambda_memory_mb", "lambda_start_latency_ms",
     "lambda_cold_start_ms", "lambda_keep_warm_s", "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like",
     "fault_raise", "fault_crash", "fault_hang", "fault_straggle", "fault_straggle_factor", "fault_seed",
-    "graph_server_instance", "param_server_instance", "curve", "max_recoveries",
+    "graph_server_instance", "param_server_instance", "curve", "max_recoveries", "preempt",
 })
+PREEMPT = re.compile(r"(\d+)@(\d+)")
 
 
 def server_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +203,12 @@ class _Config:
                                "from the state after the last finished epoch; a role that dies again within the "
                                f"same epoch, or one death more, stops the run with a checkpoint. 0 to "
                                f"{MAX_RECOVERIES}; 0: every death stops the run")
+    preempt: str | None = _opt(None, "local mode: PART@EPOCH, graph server PART gets a spot interruption notice "
+                               "when the coordinator starts epoch EPOCH, as AWS gives one two minutes before it "
+                               "takes a spot instance back: the coordinator checkpoints at once, then the server "
+                               "is killed and the run recovers by itself (--max-recoveries). Repeat the "
+                               "flag for more (a config file lists them comma-separated); each epoch named counts "
+                               "one recovery")
     checkpoint_every: int = _opt(10, "write checkpoint.pt every K epochs (also at the end, on Ctrl-C/SIGTERM "
                                  "and when a role fails)")
     epochs: int = _opt(200, "number of training epochs")
@@ -293,7 +300,36 @@ class _Config:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"invalid config: {message}")
+        self.preemptions()
         return self
+
+    def preemptions(self) -> list[tuple[int, int]]:
+        """``preempt`` as ``(part, epoch)`` pairs, checked against the run: a graph server that
+        exists (once ``parts`` is known), an epoch it trains, recoveries enough for every epoch."""
+        if self.preempt is None:
+            return []
+        pairs = []
+        for item in self.preempt.split(","):
+            match = PREEMPT.fullmatch(item.strip())
+            if match is None:
+                raise ConfigError(f"invalid config: preempt {item.strip()!r} is not PART@EPOCH (e.g. 1@5)")
+            part, epoch = int(match.group(1)), int(match.group(2))
+            if self.parts is not None and part >= self.parts:
+                raise ConfigError(f"invalid config: preempt {item.strip()}: there is no graph server {part}, the run "
+                                  f"has {self.parts} (0 to {self.parts - 1})")
+            if not 1 <= epoch <= self.epochs:
+                raise ConfigError(f"invalid config: preempt {item.strip()}: epoch {epoch} is not one the run trains "
+                                  f"(1 to {self.epochs})")
+            if (part, epoch) in pairs:
+                raise ConfigError(f"invalid config: preempt {item.strip()} is given twice")
+            pairs.append((part, epoch))
+        if pairs and self.backend == "reference":
+            raise ConfigError("invalid config: preempt needs graph servers; the reference backend has none")
+        epochs = len({epoch for _, epoch in pairs})
+        if epochs > self.max_recoveries:
+            raise ConfigError(f"invalid config: preempt names {epochs} epoch(s), each a recovery, but "
+                              f"max_recoveries is {self.max_recoveries}")
+        return pairs
 
     def check_function_handler(self) -> None:
         """Import the lambda backend's ``function_handler`` here, before anything is written, so
@@ -462,7 +498,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             help_text = f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})")
         kind = _field_type(f)
-        if kind is bool:
+        if f.name == "preempt":  # repeatable; joined by overrides_from_args
+            parser.add_argument(flag, dest=f.name, action="append", default=None, help=help_text,
+                                metavar="PART@EPOCH")
+        elif kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text,
@@ -473,8 +512,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields given as flags (type-checked, not yet validated as a whole)."""
     known = {f.name: f for f in fields(TrainConfig)}
-    return {name: _coerce(known[name], getattr(args, name), "command line")
-            for name in known if getattr(args, name, None) is not None}
+    given = {name: getattr(args, name) for name in known if getattr(args, name, None) is not None}
+    if isinstance(given.get("preempt"), list):
+        given["preempt"] = ",".join(given["preempt"])
+    return {name: _coerce(known[name], value, "command line") for name, value in given.items()}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -5,13 +5,21 @@ parameter server and the graph servers, commands with the watchdog's bounds, and
 the end. ``LocalCluster`` starts the parameter server and one graph server per partition as
 child processes (logs in ``<run dir>/logs``), and for the ``lambda`` backend a Lambda emulator
 whose worker processes run the function. It stops all of them on success, on error and on
-Ctrl-C; children also exit on their own when the coordinator disappears. With ``curve`` on,
-every connection uses CURVE with ephemeral keys in ``<run dir>/keys`` (removed at the end).
+Ctrl-C; children also exit on their own when the coordinator disappears. The roles listen on
+Unix sockets (``ipc://``) in a directory of mode 0700, so that only this user's processes can
+reach them (docs/security.md). With ``curve`` on, every connection also uses CURVE with
+ephemeral keys in ``<run dir>/keys`` (removed at the end).
 ``RemoteCluster`` (:mod:`dorylus.remote`) connects to servers that are already running.
 
 ``DistributedTrainer`` has the reference trainer's interface (``step(epoch) -> metrics``); the
 graph servers run the epochs themselves (:mod:`graphserver.scheduler`) and the coordinator
-collects their reports, publishes ``min_epoch``, watches the roles and takes checkpoints.
+collects their reports, publishes ``min_epoch``, watches the roles and takes checkpoints. A
+graph server's spot interruption notice (:mod:`dorylus.spot`) reaches it in ``progress``
+replies and is passed to ``on_interruption`` (the epoch loop checkpoints at once). With
+``--preempt PART@EPOCH`` a local run plays AWS: graph server PART's watcher polls a
+:class:`~dorylus.spot.LocalImds`, which posts the notice when the coordinator starts epoch
+EPOCH, and the server is killed once the coordinator has checkpointed on that notice (at most
+:data:`PREEMPT_GRACE_S` after it was posted).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +40,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dorylus import curve, protocol, sockets
+from dorylus import curve, protocol, sockets, spot
 from dorylus.config import TrainConfig
 from dorylus.cost import Pricing, epoch_metrics
 from dorylus.errors import DorylusError
@@ -42,6 +51,14 @@ from dorylus.protocol import Header, Op
 
 FUNCTION_NAME = "dorylus-gcn"
 STARTUP_TIMEOUT_S = 120.0
+# --preempt: a preempted server is killed as soon as the coordinator has checkpointed on its
+# notice, so that the kill always follows the checkpoint and falls inside even a short run; if
+# the notice never reaches the coordinator, this long after it was posted (AWS gives 120 s). And
+# the watcher's poll interval.
+PREEMPT_GRACE_S = 10.0
+PREEMPT_WATCH_S = 0.1
+# A Unix socket's path must fit sockaddr_un's 108 bytes; the longest name here is graphserver-1023.
+MAX_SOCKET_DIR_CHARS = 108 - 1 - len("/graphserver-1023")
 
 
 class ClusterError(DorylusError):
@@ -69,6 +86,7 @@ class _Child:
     name: str
     process: subprocess.Popen
     log: Path
+    preempted: bool = False  # killed by --preempt
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -322,6 +340,13 @@ class Cluster:
     def emulator_stats(self) -> dict[str, Any]:
         return {}
 
+    def epoch_begins(self, epoch: int) -> None:
+        """The training loop starts waiting for ``epoch`` (LocalCluster: ``--preempt``)."""
+
+    def interruption_handled(self, part: int) -> None:
+        """The coordinator acted on graph server ``part``'s interruption notice (LocalCluster:
+        a ``--preempt`` kill is due now)."""
+
 
 class LocalCluster(Cluster):
     """Every process of a local-mode run; use as a context manager."""
@@ -333,6 +358,12 @@ class LocalCluster(Cluster):
         self.config_file = config_file
         self.children: list[_Child] = []
         self.emulator = None
+        self.socket_dir: Path | None = None
+        # --preempt: the (part, epoch) notices not yet posted, each preempted part's metadata
+        # service, and the kills that are due (monotonic time, part).
+        self.preempts = set(config.preemptions())
+        self.imds: dict[int, spot.LocalImds] = {}
+        self.kills: list[tuple[float, int]] = []
 
     def _make_keys(self) -> curve.Keyring:
         """Ephemeral keys for this run (a resumed run makes new ones), removed by :meth:`close`."""
@@ -342,16 +373,29 @@ class LocalCluster(Cluster):
 
     # ------------------------------------------------------------------ start and stop
 
+    def _make_socket_dir(self) -> Path:
+        """A new directory for the roles' Unix sockets, mode 0700 (mkdtemp's): the kernel lets
+        no other user (root aside) connect to a socket in it. The run directory's path may be
+        too long for a socket's address; the system's temporary directory usually is not."""
+        for parent in (None, "/tmp"):
+            path = Path(tempfile.mkdtemp(prefix="dorylus-", dir=parent))
+            if len(str(path)) <= MAX_SOCKET_DIR_CHARS:
+                return path
+            path.rmdir()
+        raise ClusterError(f"no directory for the roles' sockets: {path.parent} and /tmp make paths over "
+                           f"{MAX_SOCKET_DIR_CHARS} characters (set TMPDIR to a shorter directory)")
+
     def start(self) -> None:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        self.socket_dir = self._make_socket_dir()
         meta = self.store.meta
         keys_args = ["--keys", str(self.keys_dir)] if self.keys_dir is not None else []
         ps_ready = logs / "paramserver.endpoint"
         self._spawn("parameter server", logs / "paramserver.log", [
             "-m", "dorylus.paramserver", "--config", str(self.config_file), "--num-features", str(meta.num_features),
-            "--num-classes", str(meta.num_classes), "--bind", "tcp://127.0.0.1:0", "--ready-file", str(ps_ready),
-            *keys_args], ps_ready)
+            "--num-classes", str(meta.num_classes), "--bind", f"ipc://{self.socket_dir}/paramserver",
+            "--ready-file", str(ps_ready), *keys_args], ps_ready)
         self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
         self.ps = self._dealer(self.ps_endpoint, "paramserver")
         self.watchdog.watch(self.children[-1], self.ps_endpoint, "paramserver")
@@ -381,10 +425,15 @@ class LocalCluster(Cluster):
         for i in range(self.store.num_parts):
             ready = logs / f"graphserver-{i}.endpoint"
             ready_files.append(ready)
+            watch_args: list[str] = []
+            if any(part == i for part, _ in self.preempts):  # a fresh instance: no notice yet
+                self.imds[i] = spot.LocalImds()
+                watch_args = ["--spot-watch", self.imds[i].url, "--spot-watch-interval-s", str(PREEMPT_WATCH_S)]
             self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
                 "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
                 "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
-                "--threads", str(threads), *lambda_args, *keys_args], ready)
+                "--bind", f"ipc://{self.socket_dir}/graphserver-{i}", "--threads", str(threads), *lambda_args,
+                *keys_args, *watch_args], ready)
         endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
         self.servers = [self._dealer(e, "graphserver") for e in endpoints]
         for child, endpoint in zip(self.children[1:], endpoints):
@@ -436,11 +485,46 @@ class LocalCluster(Cluster):
             self.ctx.term()
         if self.keys_dir is not None:
             shutil.rmtree(self.keys_dir, ignore_errors=True)
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
+        for imds in self.imds.values():
+            imds.close()
+        self.imds, self.kills = {}, []
+
+    def epoch_begins(self, epoch: int) -> None:
+        """``--preempt``: post the notices of ``epoch`` (once: a recovered run trains it again)
+        and schedule each server's kill."""
+        for part, at in sorted(self.preempts):
+            if at == epoch:
+                self.preempts.discard((part, at))
+                self.imds[part].interrupt(seconds=PREEMPT_GRACE_S)
+                self.kills.append((time.monotonic() + PREEMPT_GRACE_S, part))
+                print(f"--preempt {part}@{epoch}: spot interruption notice posted to graph server {part}, which is "
+                      f"killed once the run has checkpointed (within {PREEMPT_GRACE_S:g} s)", file=sys.stderr,
+                      flush=True)
+
+    def interruption_handled(self, part: int) -> None:
+        self.kills = [(0.0 if p == part else due, p) for due, p in self.kills]
+
+    def _preempt_due(self) -> None:
+        """Kill (SIGKILL: the instance is gone, nothing runs after) the servers whose grace ran out."""
+        now = time.monotonic()
+        for due in [k for k in self.kills if k[0] <= now]:
+            self.kills.remove(due)
+            child = self.children[1 + due[1]]
+            with contextlib.suppress(ProcessLookupError):
+                child.process.kill()
+            child.process.wait(timeout=5.0)
+            child.preempted = True
 
     def _check_alive(self) -> None:
+        if self.kills:
+            self._preempt_due()
         for child in self.children:
             if child.process.poll() is not None:
-                raise RoleDied(f"{child.name} exited with code {child.process.returncode}; "
+                why = " (preempted: --preempt)" if child.preempted else ""
+                raise RoleDied(f"{child.name} exited with code {child.process.returncode}{why}; "
                                f"its log ({child.log}) ends with:\n{child.tail()}", child.name)
 
     def restart(self) -> None:
@@ -492,6 +576,9 @@ class DistributedTrainer:
         self.before = cluster.emulator_stats()
         self.pricing = Pricing.of_run(config, cluster.store.num_parts)
         self.since_epoch = 1  # the parameter server's counts (grad_counts) start here
+        # Called once per graph server and notice with (part, the notice's words), from step().
+        self.on_interruption = lambda part, notice: None
+        self.notices: set[tuple[int, str]] = set()
 
     @property
     def can_recover(self) -> bool:
@@ -508,6 +595,7 @@ class DistributedTrainer:
         self.reports = {}
         self.finished = [0] * len(self.cluster.servers)
         self.before = self.cluster.emulator_stats()
+        self.notices = set()  # new instances
         if latest is not None:
             self.restore(latest.params, latest.optimizer, latest.epoch)
         self.since_epoch = (latest.epoch if latest is not None else 0) + 1
@@ -538,10 +626,16 @@ class DistributedTrainer:
                     self.reports.setdefault(report["epoch"], []).append(report)
                     self.finished[part] = max(self.finished[part], report["epoch"])
                 more = more or reply.meta.get("more") is True
+                notice = reply.meta.get("interruption")
+                if isinstance(notice, str) and (part, notice) not in self.notices:
+                    self.notices.add((part, notice))
+                    self.on_interruption(part, notice)
+                    self.cluster.interruption_handled(part)
 
     def step(self, epoch: int) -> dict[str, Any]:
         if not self.started:
             self._start(epoch)
+        self.cluster.epoch_begins(epoch)
         start = time.monotonic()
         bound, why = self.cluster.watchdog.bound("epoch")
         while len(self.reports.get(epoch, ())) < len(self.cluster.servers):

@@ -20,7 +20,11 @@ interval. The token is renewed before it expires and fetched again when the serv
 
 ``--spot-watch URL|off`` (``off`` by default; on EC2 ``http://169.254.169.254``, which
 Terraform's user data passes on spot instances) starts one in ``dorylus graphserver`` and
-``dorylus paramserver``.
+``dorylus paramserver``, polling every ``--spot-watch-interval-s`` (5 s).
+
+:class:`LocalImds` is the other end for a local run: ``dorylus train --preempt PART@EPOCH``
+points graph server PART's watcher at one and posts the notice there at epoch EPOCH, so the
+notice takes the path a real one takes.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -50,6 +56,8 @@ PATHS = {
     "autoscaling": "/latest/meta-data/autoscaling/target-lifecycle-state",
 }
 LOG_EVERY = 100  # failures logged after the first: one in this many (a dead IMDS must not fill the disk)
+INTERVAL_S = 5.0
+MAX_INTERVAL_S = 60.0  # a spot notice comes 120 s ahead: a slower watch would leave no time to checkpoint
 
 
 @dataclass(frozen=True)
@@ -196,9 +204,22 @@ class SpotWatcher:
 def add_argument(parser: argparse.ArgumentParser) -> None:
     """``--spot-watch URL|off``, checked while parsing (a bad value is a usage error before anything starts)."""
     parser.add_argument("--spot-watch", metavar="URL|off", default=None, type=_url_argument,
-                        help="poll the EC2 instance metadata at URL (http://169.254.169.254 on EC2) every 5 s for a "
+                        help="poll the EC2 instance metadata at URL (http://169.254.169.254 on EC2) for a "
                              "spot interruption, rebalance or Auto Scaling termination notice and pass it on to "
                              "the coordinator (default: off)")
+    parser.add_argument("--spot-watch-interval-s", metavar="S", default=INTERVAL_S, type=_interval_argument,
+                        help=f"with --spot-watch: seconds between polls, in (0, {MAX_INTERVAL_S:g}] "
+                             f"(default: {INTERVAL_S:g})")
+
+
+def _interval_argument(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not 0 < seconds <= MAX_INTERVAL_S:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_INTERVAL_S:g}], got {value}")
+    return seconds
 
 
 def check_url(value: str) -> str | None:
@@ -228,4 +249,59 @@ def start_from_args(args: argparse.Namespace, on_notice: Callable[[Notice], None
     url = getattr(args, "spot_watch", None)
     if url is None:
         return None
-    return SpotWatcher(url, on_notice, what=what).start()
+    return SpotWatcher(url, on_notice, interval_s=getattr(args, "spot_watch_interval_s", INTERVAL_S), what=what).start()
+
+
+# ----------------------------------------------------------------------------- a local IMDS
+
+
+class LocalImds:
+    """The instance metadata of one local "instance", as far as :class:`SpotWatcher` reads it:
+    IMDSv2 tokens (a GET without this server's token gets 401), 404 for every notice path until
+    :meth:`interrupt` posts the spot ``instance-action``. On 127.0.0.1, a free port, in a
+    daemon thread; :meth:`close` stops it."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(24)
+        self.notice: str | None = None  # the instance-action body, once posted
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path != TOKEN_PATH or not self.headers.get(TOKEN_TTL_HEADER, "").isdigit():
+                    return self._answer(400)
+                self._answer(200, imds.token)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.headers.get(TOKEN_HEADER) != imds.token:
+                    return self._answer(401)
+                body = imds.notice if self.path == PATHS["spot"] else None
+                self._answer(404) if body is None else self._answer(200, body)
+
+            def _answer(self, status: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:  # every poll would be a line on stderr
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="local imds", daemon=True)
+        self._thread.start()
+
+    def interrupt(self, action: str = "terminate", seconds: float = 120.0) -> str:
+        """Post the spot interruption notice: ``action`` at ``seconds`` from now (UTC, as AWS
+        writes it); returns the body."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+        self.notice = json.dumps({"action": action, "time": when})
+        return self.notice
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)

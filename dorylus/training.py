@@ -135,7 +135,8 @@ DEFAULT_PARTS = 2
 RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_timeout_s", "watchdog_min_s",
                               "watchdog_factor", "functions", "relaunch_min_s", "relaunch_ratio", "fallback_after",
                               "max_recoveries", "lambda_start_latency_ms", "lambda_cold_start_ms", "lambda_keep_warm_s",
-                              "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like", "curve", "max_message_mb"})
+                              "lambda_bandwidth_mbps", "lambda_cpu_share", "aws_like", "curve", "max_message_mb",
+                              "preempt"})
 
 
 def check_new_run(config: TrainConfig) -> TrainConfig:
@@ -384,6 +385,19 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
     bar = EpochProgress(config.epochs, progress)
     recoveries, recovered_in, unlogged = 0, None, 0
     due = False  # a checkpoint is owed (its epoch's state may have been gone: see below)
+
+    def checkpoint_now(part: int, notice: str) -> None:
+        # A spot notice: the machine goes within two minutes, so what the run has is written now.
+        nonlocal saved
+        if latest is not None and latest.epoch > saved:
+            run.save_checkpoint(latest)
+            saved = latest.epoch
+        print(f"graph server {part}: interruption notice ({notice}); checkpoint "
+              + (f"after epoch {saved} on disk" if saved else "not written, no epoch finished yet"),
+              file=progress or sys.stderr, flush=True)
+
+    if hasattr(trainer, "on_interruption"):
+        trainer.on_interruption = checkpoint_now
     try:
         epoch = first
         while epoch <= config.epochs:

@@ -4,19 +4,32 @@ Each interval is one coroutine that walks the plan (:mod:`dorylus.models.base`) 
 epoch: the training pass, then (when due) the evaluation pass. Stages meet where data requires:
 
 * ``GATHER`` reads the rows of every interval and the peers' ghost rows, so all intervals
-  arrive first; the last to arrive scatters the owned rows that peers hold as ghosts and waits
-  for the peers' rows (at most ``S`` epochs old), then each interval gathers its own rows.
+  arrive first; the last to arrive runs the Scatter (owned rows that peers hold as ghosts go
+  out, the peers' rows come in, at most as old as the mode allows), then each interval gathers
+  its own rows.
 * ``GATHER_BACKWARD`` runs once for the partition when all intervals arrived, including the
   backward Scatter (ghost-row contributions go to their owners and are summed in peer order).
 * ``FUNCTION`` stages go to the backend, one call per interval, in priority order (older epoch,
   then stage order: forward layers up, backward layers down, then interval); ``VERTEX`` stages
   run in the graph server's threads.
 
-The mode (:mod:`graphserver.modes`) adds its waits: a barrier after every stage (sync), the
-epoch gate ``e <= min_epoch + S`` (async), and the oldest weight version a pass may use. When
-every interval finished an epoch, its report (loss, accuracy counts, seconds per task, bytes,
-staleness, weight lag, relaunches, failures by kind, fallbacks) waits for the coordinator's next
-``progress`` poll.
+The mode (:mod:`graphserver.modes`) is asked where to wait: before an epoch
+(:meth:`~graphserver.modes.Mode.may_start`, against the coordinator's ``min_epoch``), after a
+stage (:meth:`~graphserver.modes.Mode.barrier_after_stage`), for peer rows
+(:meth:`~graphserver.modes.Mode.oldest_ghosts`) and for weights
+(:meth:`~graphserver.modes.Mode.oldest_weights`). When every interval finished an epoch, its
+report (loss, accuracy counts, seconds per task, bytes, staleness, weight lag, relaunches,
+failures by kind, fallbacks) waits for the coordinator's next ``progress`` poll.
+
+What the scheduler uses of its graph server (:class:`graphserver.server.GraphServer`; the unit
+tests drive it with a stand-in): ``plan``, ``mode``, ``backend`` (:mod:`graphserver.backends`),
+``config.functions``, ``state.intervals``; ``event(stage, pass, epoch, interval)`` (a call's
+payload); the coroutines ``gather``/``vertex(stage, pass, epoch, interval)``,
+``scatter(stage, pass, epoch, oldest)`` and ``gather_backward(stage, pass, epoch, oldest)``
+(each Scatter returns the ages in epochs of the peer rows it used) and ``wait_version(v)``
+(returns the newest version, at least ``v``); ``min_epoch`` with the event ``gate_changed`` set
+when it grows; ``in_flight`` (calls running, for the watchdog); ``reports`` (appended) and
+``take_traffic()``.
 """
 
 from __future__ import annotations
@@ -27,11 +40,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, VERTEX, Stage
 from graphserver.autotune import Autotuner
-from graphserver.invoker import TaskFailed, describe
+from graphserver.invoker import describe
 
 PASSES = ("train", "eval")
 
@@ -104,36 +115,37 @@ class Scheduler:
 
     async def _epoch_gate(self, epoch: int) -> None:
         server = self.server
-        if not self.mode.gate_epochs:
-            return
-        while epoch > server.min_epoch + self.mode.staleness:
+        while not self.mode.may_start(epoch, server.min_epoch):
             server.gate_changed.clear()
             await server.gate_changed.wait()
 
     # ------------------------------------------------------------------ one pass
 
     async def _pass(self, i: int, epoch: int, pass_: str) -> None:
-        server, S = self.server, self.mode.staleness
+        server, mode = self.server, self.mode
         stages = server.plan.train if pass_ == "train" else server.plan.evaluate
-        # forward of epoch e: weights after epoch e-1's step (sync); evaluation: after e's
-        await self._version_at_least(epoch - 1 - S if pass_ == "train" else epoch - S)
+        await self._version_at_least(mode.oldest_weights(epoch, pass_))
         for k, stage in enumerate(stages):
             start = time.perf_counter()
             if stage.kind == GATHER:
-                await self._meet((pass_, epoch, k), lambda: self._scatter(pass_, epoch, stage))
-                await server.run_in_thread(server.run_gather, stage, pass_, epoch, i)
+                await self._meet((pass_, epoch, k), lambda: self._scatter(server.scatter, stage, pass_, epoch))
+                await server.gather(stage, pass_, epoch, i)
             elif stage.kind == GATHER_BACKWARD:
-                await self._meet((pass_, epoch, k), lambda: self._gather_backward(pass_, epoch, stage))
+                await self._meet((pass_, epoch, k), lambda: self._scatter(server.gather_backward, stage, pass_, epoch))
             elif stage.kind == VERTEX:
-                await server.run_in_thread(server.run_vertex, stage, pass_, epoch, i)
+                await server.vertex(stage, pass_, epoch, i)
             elif stage.kind == FUNCTION:
                 await self._call(i, epoch, pass_, k, stage)
             else:
                 raise ValueError(f"unknown stage kind {stage.kind!r}")
             self.records[epoch].task_s[stage.task.lower() + ("_eval" if pass_ == "eval" else "") + "_s"] += \
                 time.perf_counter() - start
-            if self.mode.stage_barrier:
+            if mode.barrier_after_stage():
                 await self._meet((pass_, epoch, k, "end"), None)
+
+    async def _scatter(self, exchange, stage: Stage, pass_: str, epoch: int) -> None:
+        ages = await exchange(stage, pass_, epoch, self.mode.oldest_ghosts(epoch))
+        self.records[epoch].staleness.extend(ages)
 
     async def _meet(self, key: tuple, action) -> None:
         """Wait until every interval arrived at ``key``; the last to arrive runs ``action``."""
@@ -154,15 +166,12 @@ class Scheduler:
     async def _call(self, i: int, epoch: int, pass_: str, k: int, stage: Stage) -> None:
         server = self.server
         event = server.event(stage, pass_, epoch, i)
-        priority = (epoch, PASSES.index(pass_), k, i)
         call = describe(event)
         server.in_flight[call] = time.monotonic()
-        server.await_result(pass_, stage.task, stage.layer, epoch, i)
         try:
-            await server.backend.run(event, priority)
+            meta = await server.backend.run(event, (epoch, PASSES.index(pass_), k, i))
         finally:
             del server.in_flight[call]
-        meta = server.take_result(pass_, stage.task, stage.layer, epoch, i)
         record = self.records[epoch]
         if pass_ == "train" and "loss" in meta:
             record.sums["loss"] += meta["loss"]
@@ -170,57 +179,6 @@ class Scheduler:
             for split in ("train", "val", "test"):
                 record.sums[f"correct_{split}"] += meta.get(f"correct_{split}", 0)
         record.weight_lag_max = max(record.weight_lag_max, int(meta.get("weight_lag", 0)))
-
-    # ------------------------------------------------------------------ scatter
-
-    async def _scatter(self, pass_: str, epoch: int, stage: Stage) -> None:
-        """SC: peers get our rows of the Gather's inputs that they hold as ghosts; theirs fill ours."""
-        server, state = self.server, self.server.state
-        for name in stage.reads:
-            await server.send_ghosts("SC", pass_, epoch, stage.layer, name,
-                                     await state.rows_for_peers(name, server.peers))
-        for name in stage.reads:
-            received = await self._receive("SC", pass_, epoch, stage.layer, name)
-            for j, rows in received.items():
-                state.set_ghost_rows(name, j, rows)
-
-    async def _gather_backward(self, pass_: str, epoch: int, stage: Stage) -> None:
-        server, state = self.server, self.server.state
-        local = await server.run_in_thread(server.run_gather_backward, stage, pass_, epoch)
-        for name, contribution in zip(stage.writes, local):
-            await server.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
-                                     await state.contributions_for_peers(contribution, server.peers))
-        for name, contribution in zip(stage.writes, local):
-            state.set_owned_rows(name, contribution)
-            received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name)
-            for j in sorted(received):  # fixed order: the sum does not depend on arrival order
-                state.add_peer_contribution(name, j, received[j])
-
-    async def _receive(self, task: str, pass_: str, epoch: int, layer: int, name: str) -> dict[int, np.ndarray]:
-        """Every peer's newest rows of ``name``, waiting until each is at most S epochs old."""
-        server, oldest = self.server, epoch - self.mode.staleness
-        timeout = server.config.task_timeout_s
-        deadline = time.monotonic() + timeout
-        inbox = server.inbox[(pass_, task, name)]
-        while True:
-            missing = [j for j in server.peers if j not in inbox or inbox[j][0] < oldest]
-            if not missing:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TaskFailed(f"graph server {server.part_id}: {task} of {name} ({pass_} epoch {epoch} layer "
-                                 f"{layer}): no rows of epoch >= {oldest} from graph server(s) {missing} within "
-                                 f"{timeout:.0f} s")
-            server.inbox_changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(server.inbox_changed.wait(), remaining)
-        record = self.records[epoch]
-        received = {}
-        for j in server.peers:
-            tag, rows = inbox[j]
-            record.staleness.append(max(0, epoch - tag))
-            received[j] = rows
-        return received
 
     # ------------------------------------------------------------------ weights and epochs
 

@@ -133,7 +133,7 @@ class GraphServer:
         self.stages = {(p, s.task, s.layer): s for p, stages in (("train", self.plan.train),
                                                                   ("eval", self.plan.evaluate)) for s in stages}
         self.mode = get_mode(config.mode, config.staleness)
-        from graphserver.backends import make_state  # torch: kept out of the module so `--help` is fast
+        from graphserver.backends import make_backend, make_state  # torch: kept out so `--help` is fast
 
         # The backend decides where the partition's rows live (host numpy, or a torch device).
         self.state = make_state(config, store.load_part(part_id), self.plan, parts=self.num_parts)
@@ -148,20 +148,15 @@ class GraphServer:
         self.param_server_advertised = param_server  # the address functions dial; the server's own word at connect
         self.run_token = uuid.uuid4().hex[:12]
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, config.intervals))
-        from graphserver.backends import make_backend
-
         self.backend = make_backend(config.backend, self, concurrency=config.functions or config.intervals,
-                                    lambda_endpoint=lambda_endpoint, function_name=function_name, region=region)
+                                    options={"lambda_endpoint": lambda_endpoint, "function_name": function_name,
+                                             "region": region})
         self.ctx = zmq.asyncio.Context()
         self.router: zmq.asyncio.Socket | None = None
         self.peers: dict[int, AsyncPeer] = {}
         self.ps: AsyncPeer | None = None
         self.ps_wait: AsyncPeer | None = None  # wait_version requests block: not on the pulls' socket
         self.endpoint = ""
-        # Calls in progress, (pass, task, layer, epoch, interval), and the results pushed for them:
-        # the first push of an awaited call wins; any other push is acknowledged and dropped.
-        self.awaited: set[tuple] = set()
-        self.results: dict[tuple, dict[str, Any]] = {}
         # Ghost rows from peers: (pass, SC | SC_BWD, buffer) -> peer -> (epoch, rows); the newest kept.
         self.inbox: dict[tuple[str, str, str], dict[int, tuple[int, np.ndarray]]] = defaultdict(dict)
         self.inbox_changed = asyncio.Event()
@@ -294,8 +289,7 @@ class GraphServer:
                 "fresh": self.scheduler is None and not self.peers}))
         elif header.op is Op.STATS:
             meta = {**self.counters, **{f"rejected.{k}": v for k, v in self.rejected.as_dict().items()},
-                    "in_flight": len(self.in_flight), "buffered_ghosts": sum(map(len, self.inbox.values())),
-                    "buffered_results": len(self.results)}
+                    "in_flight": len(self.in_flight), "buffered_ghosts": sum(map(len, self.inbox.values()))}
             if self.in_flight:  # for the coordinator's watchdog: what has been running longest
                 call, since = min(self.in_flight.items(), key=lambda item: item[1])
                 meta["oldest_call"] = f"{call}, running for {time.monotonic() - since:.0f} s"
@@ -331,46 +325,86 @@ class GraphServer:
             if rows.ndim != 2 or rows.shape[1] != buffer.shape[1] or rows.dtype != np.float32:
                 raise ProtocolError("dest_mismatch", f"{name} rows must be float32 [n, {buffer.shape[1]}], got "
                                     f"{rows.dtype}{list(rows.shape)}", req=header.req)
-        meta = {k: v for k, v in header.meta.items() if k != "pass"}
-        return self.accept_result(pass_, header.task, header.layer, header.epoch, header.interval, tensors, meta,
-                                  rows_range=header.rows)
-
-    def accept_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int,
-                      rows: Sequence[np.ndarray], meta: dict[str, Any], *, rows_range=None) -> bool:
-        """Store a stage's result for one interval (from a function's PUSH or the cpu backend);
-        True if no call awaits it (a late duplicate, or a push for a call never made), in which
-        case nothing is written."""
-        key = (pass_, task, layer, epoch, interval)
-        if key not in self.awaited or key in self.results:
+        # The first push for a call in progress resolves it (graphserver.backends: Backend.awaiting);
+        # any other push is acknowledged and dropped.
+        pending = self.backend.awaiting((pass_, header.task, header.layer, header.epoch, header.interval))
+        if pending is None:
             self.counters["duplicate_pushes"] += 1
             return True
+        self.write_result((pass_, header.task, header.layer, header.epoch, header.interval), tensors,
+                          rows_range=header.rows)
+        pending.set_result({k: v for k, v in header.meta.items() if k != "pass"})
+        return False
+
+    def write_result(self, key: tuple, rows: Sequence[np.ndarray], *, rows_range=None) -> None:
+        """A call's result rows (``key``: graphserver.backends.call_key) into the stage's buffers."""
+        pass_, task, layer, _, interval = key
         stage = self.stages[(pass_, task, layer)]
         a, b = self.state.intervals[interval] if rows_range is None else rows_range
         for name, values in zip(stage.writes, rows):
             self.state.buffers[name][a:b] = values
-        self.results[key] = meta
-        return False
 
-    def await_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int) -> None:
-        self.awaited.add((pass_, task, layer, epoch, interval))
+    # ------------------------------------------------------------------ the scheduler's graph work
 
-    def take_result(self, pass_: str, task: str, layer: int, epoch: int, interval: int) -> dict[str, Any]:
-        key = (pass_, task, layer, epoch, interval)
-        self.awaited.discard(key)
-        if key not in self.results:
-            raise TaskFailed(f"{task} interval {interval} epoch {epoch} layer {layer} on graph server "
-                             f"{self.part_id}: the function returned without pushing its result")
-        return self.results.pop(key)
+    async def vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
+        await self.run_in_thread(self.state.vertex, self.model, stage, interval, self.stage_args(stage, pass_, epoch))
 
-    def run_vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        self.state.vertex(self.model, stage, interval, self.stage_args(stage, pass_, epoch))
+    async def gather(self, stage, pass_: str, epoch: int, interval: int) -> None:
+        await self.run_in_thread(self.state.gather, self.model, stage, interval, self.stage_args(stage, pass_, epoch))
 
-    def run_gather(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        self.state.gather(self.model, stage, interval, self.stage_args(stage, pass_, epoch))
+    async def scatter(self, stage, pass_: str, epoch: int, oldest: int) -> list[int]:
+        """SC: peers get our rows of the Gather's inputs that they hold as ghosts; theirs, of
+        epoch ``oldest`` or later, fill ours. Returns the ages (epochs) of the rows used."""
+        state, ages = self.state, []
+        for name in stage.reads:
+            await self.send_ghosts("SC", pass_, epoch, stage.layer, name, await state.rows_for_peers(name, self.peers))
+        for name in stage.reads:
+            received = await self._receive("SC", pass_, epoch, stage.layer, name, oldest, ages)
+            for j, rows in received.items():
+                state.set_ghost_rows(name, j, rows)
+        return ages
 
-    def run_gather_backward(self, stage, pass_: str, epoch: int) -> list:
-        """The stage's gradients for every local row (ghost rows: contributions to the peers)."""
-        return self.state.gather_backward(self.model, stage, self.stage_args(stage, pass_, epoch))
+    async def gather_backward(self, stage, pass_: str, epoch: int, oldest: int) -> list[int]:
+        """GATHER_BACKWARD for every local row, then SC_BWD: ghost rows' contributions go to their
+        owners, and the peers' contributions (epoch ``oldest`` or later) are summed into ours in
+        peer order. Returns the ages (epochs) of the contributions used."""
+        state, ages = self.state, []
+        local = await self.run_in_thread(state.gather_backward, self.model, stage,
+                                         self.stage_args(stage, pass_, epoch))
+        for name, contribution in zip(stage.writes, local):
+            await self.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
+                                   await state.contributions_for_peers(contribution, self.peers))
+        for name, contribution in zip(stage.writes, local):
+            state.set_owned_rows(name, contribution)
+            received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name, oldest, ages)
+            for j in sorted(received):  # fixed order: the sum does not depend on arrival order
+                state.add_peer_contribution(name, j, received[j])
+        return ages
+
+    async def _receive(self, task: str, pass_: str, epoch: int, layer: int, name: str, oldest: int,
+                       ages: list[int]) -> dict[int, np.ndarray]:
+        """Every peer's newest rows of ``name``, waiting until each is of epoch ``oldest`` or later."""
+        timeout = self.config.task_timeout_s
+        deadline = time.monotonic() + timeout
+        inbox = self.inbox[(pass_, task, name)]
+        while True:
+            missing = [j for j in self.peers if j not in inbox or inbox[j][0] < oldest]
+            if not missing:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TaskFailed(f"graph server {self.part_id}: {task} of {name} ({pass_} epoch {epoch} layer "
+                                 f"{layer}): no rows of epoch >= {oldest} from graph server(s) {missing} within "
+                                 f"{timeout:.0f} s")
+            self.inbox_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.inbox_changed.wait(), remaining)
+        received = {}
+        for j in self.peers:
+            tag, rows = inbox[j]
+            ages.append(max(0, epoch - tag))
+            received[j] = rows
+        return received
 
     def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
         return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",
@@ -513,7 +547,7 @@ class GraphServer:
                     check_endpoint(f"connect: graph server {j}", endpoint)
                     self.peers[j] = self.peer(endpoint, f"graph server {j}", "graphserver")
             target = {k: header.meta[k] for k in ("function_name", "region", "lambda_endpoint") if k in header.meta}
-            if target and self.config.backend == "lambda":
+            if target:
                 self.backend.retarget(**target)
             # The parameter server says where functions dial it (its --advertise address); this
             # also proves, before any epoch, that it answers this server (keys included).

@@ -244,3 +244,33 @@ def test_both_roles_take_the_option(role):
     parser = build_parser()
     assert parser.parse_args([role, *common]).spot_watch is None  # off unless asked for
     assert parser.parse_args([role, *common, "--spot-watch", spot.IMDS_URL]).spot_watch == spot.IMDS_URL
+
+
+def test_the_poll_interval_option():
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    spot.add_argument(parser)
+    assert parser.parse_args([]).spot_watch_interval_s == spot.INTERVAL_S
+    assert parser.parse_args(["--spot-watch-interval-s", "0.1"]).spot_watch_interval_s == 0.1
+    for bad in ("0", "-1", "61", "nan", "soon"):
+        with pytest.raises(argparse.ArgumentError, match="must be in|expected seconds"):
+            parser.parse_args(["--spot-watch-interval-s", bad])
+
+
+def test_the_local_imds_posts_a_notice_the_watcher_reads():
+    """--preempt's metadata service: tokens enforced, 404 until the notice, then the spot
+    instance-action the watcher parses."""
+    imds = spot.LocalImds()
+    got: list[spot.Notice] = []
+    watcher = spot.SpotWatcher(imds.url, got.append, interval_s=0.05, log=lambda line: None)
+    try:
+        poll(watcher)
+        assert got == [] and watcher.failures == 0
+        imds.interrupt("terminate", seconds=120)
+        poll(watcher)
+        assert [(n.kind, n.action) for n in got] == [("spot", "terminate")] and got[0].time.endswith("Z")
+        watcher._token = "forged"
+        watcher._token_expires = float("inf")
+        poll(watcher)  # a refused token is replaced within the poll
+        assert len(got) == 1 and watcher.failures == 0
+    finally:
+        imds.close()

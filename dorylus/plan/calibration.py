@@ -6,11 +6,12 @@ role gets), the cost of moving bytes between roles, and optionally a GPU's rates
 ==========================  ====================================================================
 rate                        measured as
 ==========================  ====================================================================
-``gather``                  ``nnz * width / seconds`` of ``A · X`` with the graph servers' torch
-                            CSR kernel (:meth:`dorylus.models.graph.CsrGraph.aggregate`), random
-                            columns, against the bytes of the dense operand ``X`` (1 MB to 256
-                            MB: from inside the caches to far outside; :meth:`Rates.gather_per_s`
-                            interpolates)
+``gather``                  ``nnz * width / seconds`` of ``A · X`` with the graph servers' Gather
+                            (:meth:`dorylus.models.graph.CsrGraph.aggregate`: the numba kernel at
+                            this size) on a format-3 structure (int32 column ids, per-vertex
+                            norms, no per-entry value), random columns, against the bytes of the
+                            dense operand ``X`` (1 MB to 256 MB: from inside the caches to far
+                            outside; :meth:`Rates.gather_per_s` interpolates)
 ``matmul_per_s``            multiply-adds per second of numpy float32 ``H @ W`` at GCN's shapes
                             (wide-to-narrow, narrow-to-narrow), as the model's ``compute`` does
 ``dropout_per_s``           elements per second of the model's own ``PREP`` stage while training
@@ -237,7 +238,9 @@ def gather_curve(device: str = "cpu", rows: int = 40_000, nnz: int = 1_000_000,
                  operand_mb: tuple[float, ...] = GATHER_OPERAND_MB, seed: int = 0) -> tuple[tuple[float, float], ...]:
     """``(operand_bytes, nnz * width / seconds)`` of CSR SpMM with random columns at width
     :data:`GATHER_WIDTH`, the dense operand ``operand_mb`` MB each, on the graph servers' kernel
-    (``device`` "cpu") or torch's CSR kernel on ``device``."""
+    (``device`` "cpu") or torch's CSR kernel on ``device``, over what a graph server holds: int32
+    column ids (a format-3 store's, :mod:`dorylus.partition.store`) and per-vertex scales on the
+    host, a float32 value per entry on a device (:meth:`dorylus.models.graph.CsrGraph.matrix`)."""
     import torch
 
     from dorylus.models.graph import CsrGraph, csr_tensor
@@ -248,7 +251,7 @@ def gather_curve(device: str = "cpu", rows: int = 40_000, nnz: int = 1_000_000,
     curve = []
     for mb in operand_mb:
         cols = max(1, int(mb * 2 ** 20 / (4 * GATHER_WIDTH)))
-        indices = rng.integers(0, cols, nnz, dtype=np.int64)
+        indices = rng.integers(0, cols, nnz, dtype=np.int32)
         x = rng.random((cols, GATHER_WIDTH), dtype=np.float32)
         if device == "cpu":
             graph = CsrGraph(indptr, indices, np.ones(rows, np.float32), np.ones(cols, np.float32), cols,
@@ -280,7 +283,7 @@ def attention_rates(gather: tuple[tuple[float, float], ...], device: str = "cpu"
 
     rng = np.random.default_rng(seed)
     indptr = np.linspace(0, nnz, rows + 1).astype(np.int64)
-    indices = rng.integers(0, rows, nnz, dtype=np.int64)
+    indices = rng.integers(0, rows, nnz, dtype=np.int32)
     ones = np.ones(rows, np.float32)
     graph = CsrGraph(indptr, indices, ones, ones, rows, np.arange(rows), np.arange(rows), device=device)
     width = ATTENTION_HEADS * ATTENTION_WIDTH

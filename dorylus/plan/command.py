@@ -10,7 +10,7 @@ from dorylus.errors import ConfigError
 from dorylus.models import MODELS
 from dorylus.plan.calibration import Calibration, measure
 from dorylus.plan.catalog import WORKLOADS
-from dorylus.plan.model import BACKENDS, MODES, Prediction
+from dorylus.plan.model import BACKENDS, MODES, Prediction, graph_bytes
 from dorylus.plan.planner import (
     LocalOptions, ScaleOptions, SpotOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options,
     spot_estimate, to_json,
@@ -194,8 +194,8 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
           f"{options.mode}, evaluation pass {'on' if options.evaluate else 'off'}, edge-cut fraction "
           f"{options.cut_fraction}, cached static inputs {options.static_cached:g}; {prices.region} on-demand "
           f"prices as of {prices.as_of}", file=out)
-    header = ["workload", "backend", "graph servers", "intervals", "GiB/server", "s/epoch", "$/epoch", "value",
-              "value vs cpu", "rates"]
+    header = ["workload", "backend", "graph servers", "intervals", "GiB/server", "B/entry", "s/epoch", "$/epoch",
+              "value", "value vs cpu", "rates"]
     rows = []
     for p in predictions:
         s = p.setup
@@ -204,11 +204,14 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
             f"{s.parts} GPUs on {s.instances} x {s.graph_server}"
         calls = f"{s.intervals} x {s.lambda_memory_mb} MB" if s.backend == "lambda" else str(s.intervals)
         workload = next(w for w in WORKLOADS.values() if w.vertices == p.shape.vertices)
-        rows.append([workload.name, s.backend, servers, calls, f"{p.memory_gib:.1f}", f"{p.epoch_s:.3f}",
+        per_entry, _ = graph_bytes(p.shape, s)
+        rows.append([workload.name, s.backend, servers, calls, f"{p.memory_gib:.1f}", f"{per_entry:g}", f"{p.epoch_s:.3f}",
                      f"{p.cost_usd:.3e}", f"{p.value:.4g}", f"{p.value / cpu.value:.2f}x", p.where])
     print(format_table(header, rows), file=out)
     print("value = 1 / (s/epoch x $/epoch); graph servers: the fewest that hold the partitions in 80% of their memory "
-          "(a GPU's for gpu); sources of sizes, instances and rates: dorylus/plan/catalog.py", file=out)
+          "(a GPU's for gpu: B/entry is what the graph structures cost per A_hat entry there, the rest being per "
+          "vertex, features and row buffers: docs/planning.md); sources of sizes, instances and rates: "
+          "dorylus/plan/catalog.py", file=out)
     return predictions
 
 

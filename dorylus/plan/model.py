@@ -60,7 +60,7 @@ Value is ``1 / (epoch_s * cost_usd)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from dorylus.config import TrainConfig
@@ -71,6 +71,8 @@ from dorylus.models.base import Work
 from dorylus.plan.calibration import Rates
 
 FLOAT = 4                  # bytes of a float32
+ID = 8                     # bytes of an int64 vertex id or label
+INDPTR = 8                 # bytes of an int64 row pointer
 ADAM_PASSES = 12           # element-wise passes of one Adam step over the weights (moments, update, decay)
 # A call waits for two round trips: its pulls (rows, and weights from the parameter server) go
 # out together, then its pushes (results, and the gradient) together (lambdas.handler).
@@ -300,15 +302,70 @@ def model_plan(shape: Shape, setup: Setup):
     return spec, get_model(setup.model).build_plan(spec)
 
 
-def server_memory_bytes(shape: Shape, setup: Setup) -> float:
-    """A graph server's resident bytes: A_hat and its transpose (int64 index + float32 value per
-    entry, row pointers), the features, and every row buffer of the plan (ghost rows included
-    for the buffers Gather reads)."""
+def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
+    """A graph server's resident bytes per structure, as it holds a format-3 partition
+    (:mod:`dorylus.partition.store`, :class:`graphserver.state.PartitionState`; the names are
+    :func:`graphserver.state.memory_figures`'): with ``n`` owned rows, ``l = n + g`` local rows,
+    ``m`` A_hat entries and ``s`` rows sent to peers,
+
+    ==============  ======================================================================
+    indices         ``m`` local column ids (int32 below 2^31 local rows, else int64)
+    indptr          the store's ``n + 1`` row pointers and the intervals' own (int64)
+    norm            ``(1 + indeg)^-1/2`` of every local row (float32): no per-entry value
+    transpose       the pattern of ``S^T`` the backward Gather reads: ``m`` owned row ids
+                    (int32 below 2^31) and ``l + 1`` int64 row pointers
+    global_ids      int64 per local row, and the store's owned ids (int64 per owned row)
+    features        ``n x F`` float32 (dense: at scale the planner does not know the density)
+    labels_masks    int64 label, three bool masks and the uint8 split per owned row
+    exchange        ghost ids and send lists (int64 per ghost and per sent row)
+    buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
+    ==============  ======================================================================
+
+    Making the transpose (once, at the first backward Gather) needs a permutation of ``m``
+    entries more for a moment; the planner's ``memory_fraction`` leaves room for it.
+
+    The ``gpu`` backend's figure is its device's (:class:`graphserver.backends.gpu.DeviceState`):
+    torch CSR matrices of A_hat and its transpose, each a column id and a float32 value per
+    entry and a row pointer of the indices' type per row, the static inputs (features, int64 ids
+    and labels, uint8 split) and the row buffers.
+    """
+    from dorylus.normalize import vertex_dtype
+
     _, plan = model_plan(shape, setup)
-    local = shape.owned + shape.ghosts
-    csr = 2 * (shape.nnz * 12 + (shape.owned + local + 2) * 8)
-    buffers = sum(width * (local if name in plan.ghosted else shape.owned) for name, width in plan.widths.items())
-    return csr + FLOAT * (shape.owned * shape.features + buffers)
+    n, local, m = shape.owned, shape.owned + shape.ghosts, shape.nnz
+    buffers = FLOAT * sum(width * (local if name in plan.ghosted else n) for name, width in plan.widths.items())
+    if setup.backend == "gpu":
+        forward, backward = vertex_dtype(local).itemsize, vertex_dtype(n).itemsize
+        return {"matrix": m * (forward + FLOAT) + forward * (n + 1),
+                "transpose": m * (backward + FLOAT) + backward * (local + 1),
+                "features": FLOAT * n * shape.features, "static": n * (ID + ID + 1), "buffers": buffers}
+    return {
+        "indices": m * vertex_dtype(local).itemsize,
+        "indptr": INDPTR * ((n + 1) + (n + setup.intervals)),
+        "norm": FLOAT * local,
+        "transpose": m * vertex_dtype(n).itemsize + INDPTR * (local + 1),
+        "global_ids": ID * (local + n),
+        "features": FLOAT * n * shape.features,
+        "labels_masks": n * (ID + 3 + 1),
+        "exchange": ID * (shape.ghosts + shape.send + 2 * (shape.parts + 1)),
+        "buffers": buffers,
+    }
+
+
+def server_memory_bytes(shape: Shape, setup: Setup) -> float:
+    """A graph server's resident bytes: the sum of :func:`server_memory`."""
+    return sum(server_memory(shape, setup).values())
+
+
+def graph_bytes(shape: Shape, setup: Setup) -> tuple[float, float]:
+    """``(bytes per A_hat entry, bytes per owned vertex)`` of the graph structures of
+    :func:`server_memory` (all but the features and the row buffers): the structures' bytes
+    that grow with the entries, over ``nnz``, and the rest over the owned rows."""
+    memory = server_memory(shape, setup)
+    structure = sum(v for k, v in memory.items() if k not in ("features", "buffers"))
+    per_entry = (sum(server_memory(replace(shape, nnz=shape.nnz + 1), setup).values())
+                 - sum(memory.values()))
+    return per_entry, (structure - per_entry * shape.nnz) / max(shape.owned, 1)
 
 
 def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = DEFAULT_PRICES) -> Prediction:

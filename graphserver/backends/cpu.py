@@ -12,27 +12,30 @@ from typing import Any
 
 from dorylus.models import get_model
 from dorylus.protocol import Header, Op
-from graphserver.backends import Backend
+from graphserver.backends import LimitedBackend, call_key
 from graphserver.limiter import PriorityLimiter
 
 
-class CpuBackend(Backend):
+class CpuBackend(LimitedBackend):
     def __init__(self, server, *, concurrency: int):
         self.server = server
         self.limiter = PriorityLimiter(concurrency)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=server.config.intervals)
         self.calls = 0
 
-    async def run(self, event: dict[str, Any], priority: tuple) -> None:
+    async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:
         async with self.limiter.slot(priority):
             self.calls += 1
-            await self.compute(event)
+            rows, meta = await self.compute(event)
+        self.server.write_result(call_key(event), rows)
+        return meta
 
-    async def compute(self, event: dict[str, Any]) -> None:
-        """Run one stage on the graph server's own rows, outside any slot: the lambda backend's
-        fallback for a task its functions keep failing (:mod:`graphserver.backends.serverless`)
-        runs it here. Weights and gradients go through the parameter server as a function's
-        would, so a gradient a failed attempt already pushed is dropped there as a duplicate."""
+    async def compute(self, event: dict[str, Any]) -> tuple[list, dict[str, Any]]:
+        """Run one stage on the graph server's own rows, outside any slot; its rows and meta,
+        not yet written. The lambda backend's fallback for a task its functions keep failing
+        (:mod:`graphserver.backends.serverless`) runs it here. Weights and gradients go through
+        the parameter server as a function's would, so a gradient a failed attempt already
+        pushed is dropped there as a duplicate."""
         server = self.server
         a, b = event["rows"]
         layer, epoch, interval = event["layer"], event["epoch"], event["interval"]
@@ -54,7 +57,7 @@ class CpuBackend(Backend):
                                            names=tuple(result.grads)), list(result.grads.values()),
                                     timeout=server.config.task_timeout_s)
         meta.update(result.meta)
-        server.accept_result(event["pass"], event["task"], layer, epoch, interval, result.rows, meta)
+        return result.rows, meta
 
     def take_stats(self) -> dict[str, Any]:
         stats = {"invocations": self.calls, **self.limiter.take_stats()}
@@ -63,3 +66,6 @@ class CpuBackend(Backend):
 
     async def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+BACKEND = CpuBackend

@@ -416,9 +416,17 @@ class GpuBackend(CpuBackend):
     """The cpu backend's in-process calls, on a :class:`DeviceState`; when the graph server
     stops, its log gets the CUDA device's peak memory (what benchmarks/bench_gpu.py reads)."""
 
+    @classmethod
+    def make_state(cls, config, part, plan, *, parts: int):
+        return DeviceState(part, plan, device=open_device(config, parts),
+                           row_normalize_features=config.row_normalize_features, num_intervals=config.intervals)
+
     async def close(self) -> None:
         await super().close()
         device = self.server.state.device
         if device.type == "cuda":
             print(f"gpu backend: peak memory allocated {torch.cuda.max_memory_allocated(device)} bytes, reserved "
                   f"{torch.cuda.max_memory_reserved(device)} bytes on {device}", flush=True)
+
+
+BACKEND = GpuBackend

@@ -8,18 +8,24 @@ compute on the server's own rows, weights pulled from and gradients pushed to th
 server under the same key as the function's), counted as ``fallback_calls``. Only a task that
 fails there too stops the run. A function attempt still in flight that pushes later is dropped
 as a duplicate by both servers, so every result and gradient is still taken exactly once.
+
+A call's result arrives as the function's PUSH to the graph server, which resolves the call's
+future (:meth:`LambdaBackend.awaiting`); the call's own future resolves with that result once
+the invoke has returned too, because the function pushes its rows and its gradient at once and
+only the invoke's success says that the parameter server acknowledged the gradient.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
-from graphserver.backends import Backend
-from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed
+from graphserver.backends import LimitedBackend, call_key
+from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
 
 
-class LambdaBackend(Backend):
+class LambdaBackend(LimitedBackend):
     def __init__(self, config, *, concurrency: int, endpoint_url: str | None, function_name: str,
                  region: str | None = None, server: Any = None):
         self.invoker = LambdaInvoker(endpoint_url, function_name, concurrency=concurrency,
@@ -30,6 +36,13 @@ class LambdaBackend(Backend):
         self.server = server  # the graph server whose rows a fallback computes on (None: no fallback)
         self._local = None
         self.fallback_calls = 0
+        self._pushes: dict[tuple, asyncio.Future] = {}  # calls in progress -> their result, set by the first push
+
+    @classmethod
+    def create(cls, server, *, concurrency: int, options: dict[str, Any]) -> LambdaBackend:
+        return cls(server.config, concurrency=concurrency, endpoint_url=options.get("lambda_endpoint"),
+                   function_name=options["function_name"], region=options.get("region"),
+                   server=server)
 
     def retarget(self, function_name: str | None = None, region: str | None = None,
                  lambda_endpoint: str | None = None) -> None:
@@ -37,30 +50,44 @@ class LambdaBackend(Backend):
         by the coordinator before the first call)."""
         self.invoker.retarget(function_name=function_name, region=region, endpoint_url=lambda_endpoint)
 
-    async def run(self, event: dict[str, Any], priority: tuple) -> None:
-        try:
-            await self.invoker.invoke(event, priority)
-        except AttemptsExhausted as exc:
-            if self.server is None:
-                raise
-            await self._fallback(event, exc)
+    def awaiting(self, key: tuple) -> asyncio.Future | None:
+        pushed = self._pushes.get(key)
+        return pushed if pushed is not None and not pushed.done() else None
 
-    async def _fallback(self, event: dict[str, Any], exc: AttemptsExhausted) -> None:
+    async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:
+        key = call_key(event)
+        pushed = self._pushes[key] = asyncio.get_running_loop().create_future()
+        try:
+            try:
+                await self.invoker.invoke(event, priority)
+            except AttemptsExhausted as exc:
+                if self.server is None:
+                    raise
+                await self._fallback(event, exc, pushed)
+            if not pushed.done():
+                raise TaskFailed(f"{describe(event)}: the function returned without pushing its result")
+            return pushed.result()
+        finally:
+            del self._pushes[key]
+
+    async def _fallback(self, event: dict[str, Any], exc: AttemptsExhausted, pushed: asyncio.Future) -> None:
         server = self.server
         self.fallback_calls += 1
         print(f"graph server {server.part_id}: running on this server: {exc}", file=sys.stderr, flush=True)
-        key = (event["pass"], event["task"], event["layer"], event["epoch"], event["interval"])
-        if key in server.results:  # a late attempt pushed its result while the last one failed
+        if pushed.done():  # a late attempt pushed its result while the last one failed
             return
         if self._local is None:
             from graphserver.backends.cpu import CpuBackend
 
             self._local = CpuBackend(server, concurrency=server.config.intervals)
         try:
-            await self._local.compute(event)
+            rows, meta = await self._local.compute(event)
         except Exception as local_exc:
             raise TaskFailed(f"{exc}; then on graph server {server.part_id} itself: "
                              f"{type(local_exc).__name__}: {local_exc}") from local_exc
+        if not pushed.done():  # else a late attempt's push won while this one computed
+            server.write_result(call_key(event), rows)
+            pushed.set_result(meta)
 
     def take_stats(self) -> dict[str, Any]:
         stats = self.invoker.take_stats()
@@ -71,3 +98,6 @@ class LambdaBackend(Backend):
         await self.invoker.close()
         if self._local is not None:
             await self._local.close()
+
+
+BACKEND = LambdaBackend

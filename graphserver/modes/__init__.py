@@ -1,15 +1,24 @@
-"""Scheduler modes (DESIGN §3): one module each, read by :mod:`graphserver.scheduler`.
+"""Scheduler modes (DESIGN §3): one module each, named in :data:`MODES`, each exposing its
+:class:`Mode` subclass as ``MODE``. The scheduler (:mod:`graphserver.scheduler`) runs the same
+stages in every mode and asks the mode four questions:
 
-A mode is a policy over the same stages: where intervals wait for each other and how stale the
-rows and weights they read may be. ``staleness`` S bounds three things at once: an interval
-starts epoch ``e`` only when ``e <= min_epoch + S`` (``min_epoch``: the oldest epoch some graph
-server has not finished, published by the coordinator), Gather reads ghost rows produced in
-epoch ``e - S`` or later, and a forward pass of epoch ``e`` computes with weight version
-``e - 1 - S`` or newer. With S = 0 those are the synchronous rules.
+* :meth:`Mode.may_start`: may an interval start epoch ``e`` while ``min_epoch`` (the oldest epoch
+  some graph server has not finished, published by the coordinator) is what it is?
+* :meth:`Mode.barrier_after_stage`: must every interval of the partition finish a stage before
+  any starts the next?
+* :meth:`Mode.oldest_ghosts`: the oldest epoch whose peer rows a Scatter of epoch ``e`` may use
+  (older ones are waited for).
+* :meth:`Mode.oldest_weights`: the oldest weight version a pass of epoch ``e`` may compute with.
+
+``staleness`` S bounds the last three rules in every mode: rows produced in epoch ``e - S`` or
+later, weight version ``e - 1 - S`` or newer for a forward pass (``e - S`` for evaluation, which
+follows the epoch's step); the server's epoch window (:func:`dorylus.protocol.check_epoch`)
+reads it too. With S = 0 those are the synchronous rules.
 """
 
 from __future__ import annotations
 
+import abc
 import importlib
 from dataclasses import dataclass
 
@@ -17,14 +26,31 @@ MODES = {"sync": "graphserver.modes.sync", "pipe": "graphserver.modes.pipe", "as
 
 
 @dataclass(frozen=True)
-class Mode:
-    name: str
+class Mode(abc.ABC):
     staleness: int = 0
-    stage_barrier: bool = False  # every interval finishes a stage before any interval starts the next
-    gate_epochs: bool = False    # epoch starts wait for the coordinator's min_epoch
+    name = ""  # each mode's own, a class attribute
+
+    def __post_init__(self) -> None:
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+
+    @abc.abstractmethod
+    def may_start(self, epoch: int, min_epoch: int) -> bool:
+        """Whether an interval may start ``epoch`` now."""
+
+    @abc.abstractmethod
+    def barrier_after_stage(self) -> bool:
+        """Whether every interval finishes each stage before any interval starts the next."""
+
+    def oldest_ghosts(self, epoch: int) -> int:
+        return epoch - self.staleness
+
+    def oldest_weights(self, epoch: int, pass_: str) -> int:
+        # forward of epoch e: the weights after epoch e-1's step; evaluation: after e's
+        return (epoch - 1 if pass_ == "train" else epoch) - self.staleness
 
 
 def get_mode(name: str, staleness: int = 0) -> Mode:
     if name not in MODES:
         raise ValueError(f"unknown mode {name!r}; known: {', '.join(MODES)}")
-    return importlib.import_module(MODES[name]).mode(staleness)
+    return importlib.import_module(MODES[name]).MODE(staleness)

@@ -4,10 +4,20 @@ than ``e - S``; a forward pass uses the newest weights at least version ``e - 1 
 interval starts epoch ``e`` only when ``e <= min_epoch + S``. Weight stashing keeps each
 interval's backward on the version its forward used."""
 
+from dataclasses import dataclass
+
 from graphserver.modes import Mode
 
 
-def mode(staleness: int = 0) -> Mode:
-    if staleness < 0:
-        raise ValueError(f"staleness must be >= 0, got {staleness}")
-    return Mode("async", staleness=staleness, gate_epochs=True)
+@dataclass(frozen=True)
+class Async(Mode):
+    name = "async"
+
+    def may_start(self, epoch: int, min_epoch: int) -> bool:
+        return epoch <= min_epoch + self.staleness
+
+    def barrier_after_stage(self) -> bool:
+        return False
+
+
+MODE = Async

@@ -2,10 +2,24 @@
 any starts the next), after every Scatter (all peers' rows of this epoch) and every epoch (the
 forward pass computes with the weights of the previous epoch's step). Exact."""
 
+from dataclasses import dataclass
+
 from graphserver.modes import Mode
 
 
-def mode(staleness: int = 0) -> Mode:
-    if staleness:
-        raise ValueError("sync mode has no staleness")
-    return Mode("sync", staleness=0, stage_barrier=True)
+@dataclass(frozen=True)
+class Sync(Mode):
+    name = "sync"
+
+    def __post_init__(self) -> None:
+        if self.staleness:
+            raise ValueError("sync mode has no staleness")
+
+    def may_start(self, epoch: int, min_epoch: int) -> bool:
+        return True  # the wait for the previous epoch's weights already holds every interval back
+
+    def barrier_after_stage(self) -> bool:
+        return True
+
+
+MODE = Sync

@@ -13,22 +13,35 @@ def test_known_modes():
     assert set(MODES) == {"sync", "pipe", "async"}
 
 
+def _rules(mode, epoch=5):
+    """A mode's answers to the scheduler's questions at ``epoch``."""
+    return {"name": mode.name, "barrier": mode.barrier_after_stage(),
+            "may_start": [e for e in range(epoch, epoch + 9) if mode.may_start(e, min_epoch=epoch)],
+            "ghosts": mode.oldest_ghosts(epoch), "weights": mode.oldest_weights(epoch, "train"),
+            "eval_weights": mode.oldest_weights(epoch, "eval")}
+
+
 def test_sync_has_a_stage_barrier_and_no_staleness():
     mode = get_mode("sync")
-    assert mode == Mode("sync", staleness=0, stage_barrier=True, gate_epochs=False)
+    assert isinstance(mode, Mode) and mode.staleness == 0
+    assert _rules(mode) == {"name": "sync", "barrier": True, "may_start": list(range(5, 14)), "ghosts": 5,
+                            "weights": 4, "eval_weights": 5}
     assert get_mode("sync", 0) == mode
 
 
 def test_pipe_has_no_stage_barrier_and_no_staleness():
     mode = get_mode("pipe")
-    assert mode == Mode("pipe", staleness=0, stage_barrier=False, gate_epochs=False)
-    assert get_mode("pipe", 0) == mode
+    assert _rules(mode) == {"name": "pipe", "barrier": False, "may_start": list(range(5, 14)), "ghosts": 5,
+                            "weights": 4, "eval_weights": 5}
+    assert get_mode("pipe", 0) == mode and mode != get_mode("sync")
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 2, 7])
 def test_async_gates_epochs_with_its_staleness(staleness):
     mode = get_mode("async", staleness)
-    assert mode == Mode("async", staleness=staleness, stage_barrier=False, gate_epochs=True)
+    # the gate: epoch e starts only when e <= min_epoch + S
+    assert _rules(mode) == {"name": "async", "barrier": False, "may_start": list(range(5, 5 + staleness + 1)),
+                            "ghosts": 5 - staleness, "weights": 4 - staleness, "eval_weights": 5 - staleness}
 
 
 def test_async_default_staleness_is_zero():
