@@ -115,7 +115,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from dorylus.data.graph import MASK_NAMES, GraphDataset
+from dorylus.data.graph import MASK_NAMES, GraphDataset, check_features_form
 from dorylus.errors import DatasetError
 
 PathLike = str | os.PathLike
@@ -838,13 +838,13 @@ class EdgeStream:
         finite features), so a bad dataset fails here, before anything is written."""
         if self.in_memory is not None:
             return self.in_memory.fingerprint()
+        vertices = self.vertex_data()  # checked first: no pass over the edges for a bad label file
         digest = hashlib.sha256(f"{self.num_classes}:{self.directed}".encode())
         num_edges = self.count_edges(chunk_edges)
         for side, name in enumerate(("src", "dst")):
             digest.update(f"{name}:{np.dtype(np.int64).str}:{(num_edges,)}".encode())
             for pair in self.chunks(chunk_edges):
                 digest.update(memoryview(np.ascontiguousarray(pair[side])).cast("B"))
-        vertices = self.vertex_data()
         features = vertices["features"]
         digest.update(f"features:{np.dtype(np.float32).str}:{features.shape}".encode())
         for lo, block in row_blocks(features):
@@ -1007,14 +1007,13 @@ def _checked_vertices(where: str, n: int, num_classes: int, features: np.ndarray
                       masks: dict) -> dict:
     """The per-vertex arrays of a stream, checked as :meth:`GraphDataset.validate` would (but
     without reading every feature: shapes and dtype only)."""
-    if features.ndim != 2 or features.shape[0] != n:
+    check_features_form(features, where)
+    if features.shape[0] != n:
         raise DatasetError(f"{where}: features must have shape ({n}, F), got {features.shape}")
     probe = GraphDataset(name="probe", src=np.zeros(0, np.int64), dst=np.zeros(0, np.int64),
                          features=np.zeros((n, 1), np.float32), labels=np.asarray(labels),
                          num_classes=num_classes, **{k: np.asarray(v) for k, v in masks.items()})
     probe.validate(where)
-    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)):
-        raise DatasetError(f"{where}: features must be numeric, got dtype {features.dtype}")
     return {"features": features, "labels": probe.labels, **{k: getattr(probe, k) for k in MASK_NAMES}}
 
 
