@@ -218,14 +218,14 @@ class LambdaInvoker:
                 # concurrency (and relaunches beyond it) grow at run time. "standard", not "adaptive":
                 # Lambda's 429 here is a limit on calls in flight, not on their rate, and adaptive
                 # mode would slow every call of the client down after one.
-                # No parameter validation: the three parameters are always well formed here, and
-                # validating them was a fifth of the client's CPU per call on the graph server's
-                # event loop, which also answers the functions' pulls and pushes.
+                # The client's CPU per invoke is spent on the graph server's event loop, which also
+                # answers the functions' pulls and pushes. The three parameters are always well
+                # formed here, so botocore does not validate them; and the local emulator checks
+                # no signatures, so none are computed for it. Together: 10-30% of the 1.3-2.5 ms
+                # per call (benchmarks/bench_invoke.py, client CPU column, loaded machine).
                 options: dict[str, Any] = {"parameter_validation": False}
                 credentials = {}
                 if self.endpoint_url:
-                    # The local emulator does not check signatures, so none are computed: signing
-                    # took another fifth (0.4 of 2.5 ms CPU per call, benchmarks/bench_invoke.py).
                     from botocore import UNSIGNED
 
                     options["signature_version"] = UNSIGNED

@@ -528,3 +528,22 @@ def test_function_environment_is_set_as_lambdas_configuration_sets_it():
                                                   "AWS_LAMBDA_FUNCTION_NAME": "environment"}
         finally:
             client.close()
+
+
+def test_a_client_that_hangs_up_mid_call_leaves_the_call_to_finish_and_free_its_worker(emulator, tmp_path):
+    marker = tmp_path / "done"
+    body = json.dumps({"seconds": 0.5, "marker": str(marker)}).encode()
+    connection = http.client.HTTPConnection(emulator.host, emulator.port, timeout=10)
+    connection.request("POST", "/2015-03-31/functions/sleep/invocations", body=body,
+                       headers={"Content-Type": "application/json"})
+    wait_until(lambda: emulator.stats()["in_flight"] == 1, what="the call to start")
+    connection.close()  # before the answer
+    wait_until(marker.exists, what="the call to finish in its worker")
+    wait_idle(emulator)  # its slot is free again
+    client = boto_client(emulator)
+    try:  # and both workers serve calls: none was left waiting for an answer no one reads
+        for _ in range(2):
+            r = client.invoke(FunctionName="echo", Payload=b'{"x": 1}')
+            assert json.loads(r["Payload"].read())["event"] == {"x": 1} and "FunctionError" not in r
+    finally:
+        client.close()
