@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_or_resume(args: argparse.Namespace) -> dict:
     from dorylus.config import config_from_args, overrides_from_args
-    from dorylus.data.loaders import load_dataset
+    from dorylus.data.loaders import open_edge_stream
     from dorylus.training import ClusterArgs, check_new_run, resume_training, run_cluster_training, run_training
 
     cluster = None
@@ -80,7 +80,7 @@ def _train_or_resume(args: argparse.Namespace) -> dict:
         # Checksums cannot catch labels that were wrong when the store was written: refused
         # here, before the run directory exists, instead of failing at epoch 1 inside it.
         check_labels(open_store(config.partitions, verify=False), config.partitions)
-    return run_training(config, None if config.partitions else load_dataset(config.dataset))
+    return run_training(config, None if config.partitions else open_edge_stream(config.dataset))
 
 
 def check_labels(store, where: str) -> None:
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "edge (the in-memory edge list) + 110 bytes per adjacency entry (E entries "
                                       "when the list holds both directions of each pair, as generated datasets do, "
                                       "else 2E; measured on a 10M-edge graph) + 64 bytes per vertex, and uses METIS "
-                                      "if that fits --memory-budget-gb (default: 60% of MemAvailable), else Fennel. "
+                                      "if that fits --memory-budget-gb (default: 25% of MemAvailable), else Fennel. "
                                       "ldg and fennel stream the edges in chunks of --chunk-edges: memory is 4 x parts "
                                       "+ 2 bytes per vertex plus one chunk, and the store is written one part at a time "
                                       "from in-edge buckets in temporary files (--tmp-dir).")
@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ldg/fennel: existing directory for the in-edge buckets, about 8 bytes per in-edge, "
                            "removed at the end (default: beside --out)")
     part.add_argument("--memory-budget-gb", type=_positive_float, default=None,
-                      help="auto: memory METIS may use, in GiB (default: 60%% of MemAvailable)")
+                      help="auto: memory METIS may use, in GiB (default: 25%% of MemAvailable)")
     part.add_argument("--out", required=True, type=Path, help="output directory (must not exist or be empty)")
     part.add_argument("--seed", type=_non_negative_int, default=0,
                       help="seed for random, METIS and the streaming methods' fill order (default 0)")

@@ -17,6 +17,7 @@ from dorylus.config import TrainConfig
 from dorylus.coordinator import ClusterError, DistributedTrainer, RoleDied
 from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
+from dorylus.data.loaders import EdgeStream
 from dorylus.errors import ConfigError
 from dorylus.models.reference import ReferenceModel, accuracy, input_features, masked_loss, whole_graph
 from dorylus.models.sparse import SparseRows, in_layout
@@ -150,18 +151,24 @@ def check_new_run(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO[str] | None = None) -> dict[str, Any]:
+def run_training(config: TrainConfig, dataset: GraphDataset | EdgeStream | None,
+                 progress: IO[str] | None = None) -> dict[str, Any]:
     """Train with ``config`` on ``dataset`` (or on the partition store ``config.partitions``),
     writing a new run directory; returns the summary. Every option is checked before the run
-    directory is created."""
+    directory is created. Given an :class:`EdgeStream` (``dorylus train --dataset``), only the
+    reference backend and the in-memory partitioners load the graph whole: the streaming ones
+    write the store part by part, and the graph servers load their own parts."""
+    from dorylus.data.loaders import load_dataset
+
     config = check_new_run(config)
     if config.backend == "reference":
         if dataset is None:
             raise ConfigError("the reference backend trains on --dataset, not on a partition store")
+        if isinstance(dataset, EdgeStream):
+            dataset = dataset.in_memory if dataset.in_memory is not None else load_dataset(config.dataset)
         return _run(config, RunDir.create, dataset, None, {"dataset": dataset.fingerprint(), "partitions": None},
                     None, progress)
 
-    from dorylus.data.loaders import EdgeStream
     from dorylus.partition import open_store
     from dorylus.partition.placement import assign
 
@@ -176,13 +183,16 @@ def run_training(config: TrainConfig, dataset: GraphDataset | None, progress: IO
                     "partitions": store.fingerprint()}
         return _run(config, RunDir.create, dataset, store, identity, None, progress)
     config = dataclasses.replace(config, parts=config.parts or DEFAULT_PARTS)
-    assignment = assign(EdgeStream.from_dataset(dataset, config.dataset), config.parts, config.partition_method,
-                        seed=config.seed, progress=lambda line: print(line, file=progress or sys.stderr, flush=True))
-    identity = {"dataset": dataset.fingerprint(), "partitions": None}
-    # _run gets the only reference we hold: once the store is written the dataset's arrays are
-    # freed, unless the caller keeps the dataset itself.
-    data = [dataset]
+    stream = dataset if isinstance(dataset, EdgeStream) else EdgeStream.from_dataset(dataset, config.dataset)
     del dataset
+    identity = {"dataset": stream.fingerprint(), "partitions": None}  # its passes validate the whole dataset
+    assignment = assign(stream, config.parts, config.partition_method, seed=config.seed,
+                        load=lambda: load_dataset(config.dataset),
+                        progress=lambda line: print(line, file=progress or sys.stderr, flush=True))
+    # _run gets the only reference we hold: once the store is written the graph is freed,
+    # unless the caller keeps the dataset itself.
+    data = [stream]
+    del stream
     return _run(config, RunDir.create, data, assignment, identity, None, progress)
 
 
@@ -246,7 +256,7 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
                     progress: IO[str] | None = None, cluster: ClusterArgs | None = None) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its checkpoint. ``overrides`` may change only
     :data:`RESUME_OVERRIDES`; a changed dataset, partition store or model is refused."""
-    from dorylus.data.loaders import load_dataset
+    from dorylus.data.loaders import load_dataset, open_edge_stream
     from dorylus.partition import open_store
 
     run_dir = Path(run_dir)
@@ -286,7 +296,9 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
     store = None
     if config.backend != "reference":
         store = open_store(config.partitions or own_store, verify=True)
-    dataset = load_dataset(config.dataset) if checkpoint.identity.get("dataset") else None
+    dataset = None
+    if checkpoint.identity.get("dataset"):  # the graph servers load the store: only the reference needs it whole
+        dataset = load_dataset(config.dataset) if config.backend == "reference" else open_edge_stream(config.dataset)
     identity = {"dataset": dataset.fingerprint() if dataset is not None else None,
                 "partitions": store.fingerprint() if checkpoint.identity.get("partitions") else None}
     for what, was in checkpoint.identity.items():

@@ -74,18 +74,9 @@ class GraphDataset:
         def fail(msg: str) -> None:
             raise DatasetError(f"{where}: {msg}")
 
-        if self.features.ndim != 2:
-            fail(f"features must be 2-D [num_nodes, num_features], got shape {self.features.shape}")
-        if not np.issubdtype(self.features.dtype, np.floating) and not np.issubdtype(
-            self.features.dtype, np.integer
-        ) and self.features.dtype != np.bool_:
-            fail(f"features must be numeric, got dtype {self.features.dtype}")
+        check_features_form(self.features, where)
         self.features = np.ascontiguousarray(self.features, dtype=np.float32)
         n = self.num_nodes
-        if n == 0:
-            fail("graph has no vertices")
-        if self.num_features == 0:
-            fail(f"features have 0 columns (shape {self.features.shape}); a model needs at least one input feature")
 
         for field in ("src", "dst"):
             ids = getattr(self, field)
@@ -152,6 +143,21 @@ class GraphDataset:
                 row, col = np.argwhere(~finite)[0]
                 fail(f"features contain NaN or inf (first at vertex {lo + row}, column {col})")
         return self
+
+
+def check_features_form(features: np.ndarray, where: str) -> None:
+    """The checks of a feature matrix that need no pass over its values: 2-D, numeric, at least
+    one row and one column (:meth:`GraphDataset.validate` and the streaming readers share them)."""
+    if features.ndim != 2:
+        raise DatasetError(f"{where}: features must be 2-D [num_nodes, num_features], got shape {features.shape}")
+    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)
+            or features.dtype == np.bool_):
+        raise DatasetError(f"{where}: features must be numeric, got dtype {features.dtype}")
+    if features.shape[0] == 0:
+        raise DatasetError(f"{where}: graph has no vertices")
+    if features.shape[1] == 0:
+        raise DatasetError(f"{where}: features have 0 columns (shape {features.shape}); a model needs at least "
+                           "one input feature")
 
 
 def _ranges(values: np.ndarray, limit: int = 6) -> str:

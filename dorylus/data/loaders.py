@@ -99,6 +99,7 @@ bounded chunks, vertex arrays memory-mapped where the format allows.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
 import os
@@ -114,7 +115,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from dorylus.data.graph import MASK_NAMES, GraphDataset
+from dorylus.data.graph import MASK_NAMES, GraphDataset, check_features_form
 from dorylus.errors import DatasetError
 
 PathLike = str | os.PathLike
@@ -829,6 +830,37 @@ class EdgeStream:
                 raise DatasetError(f"{self.where}: edge list has vertex id {bad} out of range [0, {n})")
             yield src, dst
 
+    def fingerprint(self, chunk_edges: int = DEFAULT_CHUNK_EDGES) -> str:
+        """:meth:`GraphDataset.fingerprint` of the dataset this stream reads (the same digest, so a
+        run started from a stream resumes against :func:`load_dataset`), computed in bounded
+        memory: two passes over the edges (sources, then targets) and one over feature row blocks.
+        The passes check what :meth:`GraphDataset.validate` would (ids in range, labels, masks,
+        finite features), so a bad dataset fails here, before anything is written."""
+        if self.in_memory is not None:
+            return self.in_memory.fingerprint()
+        vertices = self.vertex_data()  # checked first: no pass over the edges for a bad label file
+        digest = hashlib.sha256(f"{self.num_classes}:{self.directed}".encode())
+        num_edges = self.count_edges(chunk_edges)
+        for side, name in enumerate(("src", "dst")):
+            digest.update(f"{name}:{np.dtype(np.int64).str}:{(num_edges,)}".encode())
+            for pair in self.chunks(chunk_edges):
+                digest.update(memoryview(np.ascontiguousarray(pair[side])).cast("B"))
+        features = vertices["features"]
+        digest.update(f"features:{np.dtype(np.float32).str}:{features.shape}".encode())
+        for lo, block in row_blocks(features):
+            block = np.ascontiguousarray(block, dtype=np.float32)
+            finite = np.isfinite(block)
+            if not finite.all():
+                row, col = np.argwhere(~finite)[0]
+                raise DatasetError(f"{self.where}: features contain NaN or inf (first at vertex {lo + row}, "
+                                   f"column {col})")
+            digest.update(memoryview(block).cast("B"))
+        for name in ("labels", *MASK_NAMES):
+            array = np.ascontiguousarray(vertices[name])
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(memoryview(array).cast("B"))
+        return digest.hexdigest()
+
     def vertex_data(self) -> dict:
         """``features`` (memory-mapped where the format allows), ``labels``, and the three masks,
         checked like :meth:`GraphDataset.validate` checks them (features' finiteness is left to
@@ -849,6 +881,53 @@ class EdgeStream:
 
         return cls(dataset.name, dataset.num_nodes, dataset.num_edges, dataset.num_features, dataset.num_classes,
                    dataset.directed, False, where, chunks, vertices, in_memory=dataset)
+
+
+ROW_BLOCK_BYTES = 64 << 20
+
+
+def _file_backed(matrix: np.ndarray) -> bool:
+    return isinstance(matrix, np.memmap) and matrix.filename is not None and matrix.flags.c_contiguous
+
+
+def row_blocks(matrix: np.ndarray, block_bytes: int = ROW_BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first_row, rows)`` blocks of ``matrix`` in order, about ``block_bytes`` each. A
+    memory-mapped matrix is read with plain reads: pages faulted in through a map stay resident
+    in (and are counted against) this process until the map is closed."""
+    n = matrix.shape[0]
+    step = max(1, block_bytes // max(1, matrix[:1].nbytes))
+    if not _file_backed(matrix):
+        for lo in range(0, n, step):
+            yield lo, matrix[lo : lo + step]
+        return
+    width = int(np.prod(matrix.shape[1:], dtype=np.int64))
+    blocks = _read_slices(Path(matrix.filename), matrix.offset, matrix.dtype, n * width, step * width)
+    for lo, block in zip(range(0, n, step), blocks):
+        yield lo, block.reshape(-1, *matrix.shape[1:])
+
+
+def take_rows(matrix: np.ndarray, rows: np.ndarray, block_bytes: int = ROW_BLOCK_BYTES) -> np.ndarray:
+    """``matrix[rows]`` for ascending ``rows``; from a memory-mapped matrix by plain reads of row
+    blocks (see :func:`row_blocks`), each block spanning only its first to last wanted row."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not _file_backed(matrix):
+        return np.asarray(matrix[rows])
+    out = np.empty((rows.size, *matrix.shape[1:]), dtype=matrix.dtype)
+    width = int(np.prod(matrix.shape[1:], dtype=np.int64))
+    step = max(1, block_bytes // max(1, width * matrix.itemsize))
+    with open(matrix.filename, "rb") as f:
+        a = 0
+        while a < rows.size:
+            # The wanted rows among the next ``step`` rows of the file: one read of at most a block.
+            b = int(np.searchsorted(rows, rows[a] + step))
+            first, last = int(rows[a]), int(rows[b - 1])
+            f.seek(matrix.offset + first * width * matrix.itemsize)
+            block = np.fromfile(f, dtype=matrix.dtype, count=(last - first + 1) * width)
+            if block.size != (last - first + 1) * width:
+                raise DatasetError(f"{matrix.filename}: truncated (rows {first}..{last} of {matrix.shape[0]})")
+            out[a:b] = block.reshape(-1, *matrix.shape[1:])[rows[a:b] - first]
+            a = b
+    return out
 
 
 def _read_slices(path: Path, offset: int, dtype: np.dtype, count: int, size: int) -> Iterator[np.ndarray]:
@@ -928,14 +1007,13 @@ def _checked_vertices(where: str, n: int, num_classes: int, features: np.ndarray
                       masks: dict) -> dict:
     """The per-vertex arrays of a stream, checked as :meth:`GraphDataset.validate` would (but
     without reading every feature: shapes and dtype only)."""
-    if features.ndim != 2 or features.shape[0] != n:
+    check_features_form(features, where)
+    if features.shape[0] != n:
         raise DatasetError(f"{where}: features must have shape ({n}, F), got {features.shape}")
     probe = GraphDataset(name="probe", src=np.zeros(0, np.int64), dst=np.zeros(0, np.int64),
                          features=np.zeros((n, 1), np.float32), labels=np.asarray(labels),
                          num_classes=num_classes, **{k: np.asarray(v) for k, v in masks.items()})
     probe.validate(where)
-    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)):
-        raise DatasetError(f"{where}: features must be numeric, got dtype {features.dtype}")
     return {"features": features, "labels": probe.labels, **{k: getattr(probe, k) for k in MASK_NAMES}}
 
 

@@ -163,8 +163,7 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
     if task == "AV":
         if args["project_first"]:
             src, ids = rows
-            h = ops.prepare(src, ids, key, p, act, training)
-            return Result([ops.matmul(h, w)])
+            return Result([ops.project(src, ids, key, p, act, training, w)])
         return Result([ops.matmul(rows[0], w) + b])
     if task == "BIAS":
         return Result([ops.check_shape(rows[0], "G", (None, b.shape[0])) + b])
@@ -174,11 +173,11 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
     if task == "AV_BWD":
         if args["project_first"]:
             grad_p, grad_y, src, ids = rows
-            h = ops.prepare(src, ids, key, p, act, True)
-            grad_p = ops.check_shape(grad_p, "grad", (h.shape[0], w.shape[1]))
-            grad_y = ops.check_shape(grad_y, "dY", (h.shape[0], w.shape[1]))
+            grad_p = ops.check_shape(grad_p, "grad", (src.shape[0], w.shape[1]))
+            grad_y = ops.check_shape(grad_y, "dY", (src.shape[0], w.shape[1]))
             out = [ops.prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
-            return Result(out, grads={"weight": h.T @ grad_p, "bias": grad_y.sum(0)})
+            return Result(out, grads={"weight": ops.project_grad(src, ids, key, p, act, grad_p),
+                                      "bias": grad_y.sum(0)})
         z, grad_y = rows
         z = ops.check_shape(z, "z", (None, w.shape[0]))
         grad_y = ops.check_shape(grad_y, "grad", (z.shape[0], w.shape[1]))

@@ -64,6 +64,47 @@ def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
     return h
 
 
+# Rows per block of the blocked projections: a block's dropped copy, mask and hash temporaries
+# (about 5x its rows' bytes) stay a few MB however many rows an interval has.
+PROJECT_BLOCK_ROWS = 8192
+
+
+def project(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, activation: str | None,
+            training: bool, w: np.ndarray) -> np.ndarray:
+    """``prepare(src, ids, key, p, activation, training) @ w``, float32 ``[rows, w.shape[1]]``,
+    a block of :data:`PROJECT_BLOCK_ROWS` rows at a time: the dropped ``[rows, width]`` input
+    never exists whole (layer 0 of a wide-feature graph: an interval's rows are hundreds of MB)."""
+    n = src.shape[0]
+    if isinstance(src, SparseRows) or n <= PROJECT_BLOCK_ROWS:
+        return matmul(prepare(src, ids, key, p, activation, training), w)
+    if np.shape(ids) != (n,):
+        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({n},) (one id per row)")
+    w = as_float32(w, "w")
+    out = np.empty((n, w.shape[1]), dtype=np.float32)
+    for lo in range(0, n, PROJECT_BLOCK_ROWS):
+        hi = lo + PROJECT_BLOCK_ROWS
+        out[lo:hi] = matmul(prepare(src[lo:hi], ids[lo:hi], key, p, activation, training), w)
+    return out
+
+
+def project_grad(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, activation: str | None,
+                 grad: np.ndarray) -> np.ndarray:
+    """``prepare(src, ids, key, p, activation, True).T @ grad``: the weight gradient of
+    :func:`project`, float32 ``[width, grad.shape[1]]``, summed over row blocks in float64 (no
+    less accurate than one float32 product over all rows)."""
+    n = src.shape[0]
+    grad = check_shape(grad, "grad", (n, None))
+    if isinstance(src, SparseRows) or n <= PROJECT_BLOCK_ROWS:
+        return prepare(src, ids, key, p, activation, True).T @ grad
+    if np.shape(ids) != (n,):
+        raise ValueError(f"ids has shape {np.shape(ids)}, expected ({n},) (one id per row)")
+    total = np.zeros((src.shape[1], grad.shape[1]), dtype=np.float64)
+    for lo in range(0, n, PROJECT_BLOCK_ROWS):
+        hi = lo + PROJECT_BLOCK_ROWS
+        total += prepare(src[lo:hi], ids[lo:hi], key, p, activation, True).T @ grad[lo:hi]
+    return total.astype(np.float32)
+
+
 def _dropped(x: np.ndarray, keep: np.ndarray, p: float) -> np.ndarray:
     """``x * keep / (1 - p)`` as a new float32 array, computed as the reference does
     (``(x * keep) * scale``): the same values as ``where(keep, x * scale, 0)`` but a bool

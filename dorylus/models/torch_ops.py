@@ -199,6 +199,19 @@ def prepare(src: torch.Tensor, ids: torch.Tensor, key: tuple[int, int, int], p: 
     return h
 
 
+def project(src: torch.Tensor, ids: torch.Tensor, key: tuple[int, int, int], p: float, activation: str | None,
+            training: bool, w: torch.Tensor, masks_: MaskCache | None = None) -> torch.Tensor:
+    """:func:`dorylus.models.ops.project`, in one piece: a device's memory is sized for the
+    whole interval (the numpy twin blocks its rows to bound a process's temporaries)."""
+    return matmul(prepare(src, ids, key, p, activation, training, masks_), w)
+
+
+def project_grad(src: torch.Tensor, ids: torch.Tensor, key: tuple[int, int, int], p: float,
+                 activation: str | None, grad: torch.Tensor, masks_: MaskCache | None = None) -> torch.Tensor:
+    """:func:`dorylus.models.ops.project_grad`: ``prepare(src, ..., True).T @ grad``."""
+    return prepare(src, ids, key, p, activation, True, masks_).T @ check_shape(grad, "grad", (src.shape[0], None))
+
+
 def prepare_backward(grad_h: torch.Tensor, src: torch.Tensor, ids: torch.Tensor, key: tuple[int, int, int],
                      p: float, activation: str | None, masks_: MaskCache | None = None) -> torch.Tensor:
     """:func:`dorylus.models.ops.prepare_backward`: ``dL/dsrc = dL/dH * M / (1 - p) * act'(src)``,

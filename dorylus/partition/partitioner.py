@@ -25,15 +25,20 @@ from dorylus.normalize import sorted_unique
 
 METHODS = ("metis", "ldg", "fennel", "random", "contiguous")
 
-# METIS' peak above the loaded edge list, per adjacency entry (both directions of each distinct
-# pair): 1.09 GB for synthetic-10m (400K vertices, 10.0M entries, 2 parts; pymetis 2025.2 with
-# 64-bit idx_t), i.e. ~110 bytes. The in-memory edge list itself is int64 src + dst, 16 bytes per
-# listed edge; features stay memory-mapped where the format allows and are not counted.
-METIS_BYTES_PER_ENTRY = 110
+# The METIS path's peak above the loaded edge list, per adjacency entry (both directions of each
+# distinct pair): 1.09 GB for synthetic-10m (400K vertices, 10.0M entries, 2 parts) but 9.3 GB for
+# an ogbn-products-sized graph (2.4M vertices, 60M entries: `dorylus train --partition-method
+# metis`, the coordinator's peak 9,967 MiB; pymetis 2025.2 with 64-bit idx_t), i.e. 110 to 155
+# bytes: the larger, with a margin. The in-memory edge list itself is int64 src + dst, 16 bytes
+# per listed edge; features stay memory-mapped where the format allows and are not counted.
+METIS_BYTES_PER_ENTRY = 160
 EDGE_LIST_BYTES_PER_EDGE = 16
 METIS_BYTES_PER_VERTEX = 64
-# --method auto's default budget: this share of MemAvailable (other processes share the box).
-AUTO_MEMORY_SHARE = 0.6
+# --method auto's default budget: this share of MemAvailable. A quarter, because partitioning
+# should not be what sizes the machine: in local mode the graph servers start right after it on
+# the same box, and past this size Fennel partitions in bounded memory (an ogbn-products-sized
+# graph: METIS ~10 GB, Fennel ~3 GB, on a 24 GB machine).
+AUTO_MEMORY_SHARE = 0.25
 
 
 def csr_index_dtype(num_nodes: int) -> np.dtype:

@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from dorylus.data.graph import MASK_NAMES
+from dorylus.data.loaders import take_rows
 from dorylus.errors import ConfigError, DatasetError
 from dorylus.normalize import sorted_unique
 
@@ -478,7 +479,7 @@ def write_streamed_store(
                 src, dst = _read_bucket(paths[i], ids)
                 paths[i].unlink()
                 # Rows of owned (ascending ids: a forward sweep over a memory-mapped matrix).
-                rows = {key: np.asarray(vertices[key][owned]) for key in ("features", "labels", *MASK_NAMES)}
+                rows = {key: take_rows(vertices[key], owned) for key in ("features", "labels", *MASK_NAMES)}
                 _check_finite(rows["features"], owned, stream.where)
                 writer.write_part(i, owned, src, dst, degree, parts, rows["features"], rows["labels"],
                                   rows["train_mask"], rows["val_mask"], rows["test_mask"])

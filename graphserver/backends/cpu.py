@@ -10,6 +10,8 @@ import asyncio
 import concurrent.futures
 from typing import Any
 
+import torch
+
 from dorylus.models import get_model
 from dorylus.protocol import Header, Op
 from graphserver.backends import LimitedBackend, call_key
@@ -20,7 +22,11 @@ class CpuBackend(LimitedBackend):
     def __init__(self, server, *, concurrency: int):
         self.server = server
         self.limiter = PriorityLimiter(concurrency)
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=server.config.intervals)
+        # As many computations at once as the server has threads (--threads): more interleave on
+        # the same cores at no gain, each holding its interval's temporaries (a wide layer's
+        # logits and gradient are 100s of MB), and oversubscribe the cores.
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, min(server.config.intervals, torch.get_num_threads())))
         self.calls = 0
 
     async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dorylus.data.graph import MASK_NAMES
-from dorylus.data.loaders import load_dataset, load_npz, open_edge_stream, save_npz
+from dorylus.data.loaders import load_dataset, load_npz, open_edge_stream, row_blocks, save_npz, take_rows
 from dorylus.data.synthetic import STREAM_BLOCK_VERTICES, STREAMED_PRESETS, StreamedSpec, SyntheticSpec, write_streamed
 from dorylus.errors import DatasetError
 
@@ -181,3 +181,49 @@ def test_edge_list_streams_in_blocks_and_names_a_bad_line(tmp_path):
     path.write_text("1 2\n3 99\n")
     with pytest.raises(DatasetError, match=r"vertex id 99 out of range \[0, 50\)"):
         list(open_edge_stream(path).chunks(100))
+
+
+@pytest.mark.parametrize("kind", ["directory", "npz", "npz-compressed", "edge list"])
+def test_stream_fingerprint_is_the_loaded_datasets(tmp_path, kind):
+    """A run started from a stream resumes against :func:`load_dataset` (or the reverse) only if
+    both name the same data with the same digest."""
+    write_streamed(SPEC, tmp_path / "g", seed=0)
+    path = tmp_path / "g"
+    if kind.startswith("npz"):
+        path = tmp_path / "g.npz"
+        save_npz(load_dataset(tmp_path / "g"), path, compress=kind == "npz-compressed")
+    elif kind == "edge list":
+        ds = load_dataset(tmp_path / "g")
+        path = tmp_path / "e.edges"
+        path.write_text("".join(f"{a} {b}\n" for a, b in zip(ds.src[:5000], ds.dst[:5000])))
+        np.save(tmp_path / "e.features.npy", np.asarray(ds.features))
+        np.save(tmp_path / "e.labels.npy", ds.labels)
+    expected = load_dataset(path).fingerprint()
+    assert open_edge_stream(path).fingerprint(chunk_edges=7_001) == expected
+    other = tmp_path / "h"
+    write_streamed(SPEC, other, seed=1)
+    assert open_edge_stream(other).fingerprint() != load_dataset(tmp_path / "g").fingerprint()
+
+
+def test_stream_fingerprint_refuses_non_finite_features(tmp_path):
+    write_streamed(SPEC, tmp_path / "g", seed=0)
+    features = np.load(tmp_path / "g" / "features.npy")
+    features[9_321, 5] = np.nan
+    np.save(tmp_path / "g" / "features.npy", features)
+    with pytest.raises(DatasetError, match=r"features contain NaN or inf \(first at vertex 9321, column 5\)"):
+        open_edge_stream(tmp_path / "g").fingerprint()
+
+
+@pytest.mark.parametrize("block_bytes", [1, 100, 1 << 20])
+def test_rows_of_a_mapped_matrix_read_by_plain_reads_equal_indexing(tmp_path, block_bytes):
+    rng = np.random.default_rng(0)
+    matrix = rng.random((1000, 7), dtype=np.float32)
+    np.save(tmp_path / "m.npy", matrix)
+    mapped = np.load(tmp_path / "m.npy", mmap_mode="r")
+    for count in (0, 1, 37, 1000):
+        rows = np.sort(rng.choice(1000, count, replace=False))
+        np.testing.assert_array_equal(take_rows(mapped, rows, block_bytes), matrix[rows])
+        np.testing.assert_array_equal(take_rows(matrix, rows, block_bytes), matrix[rows])
+    blocks = list(row_blocks(mapped, block_bytes))
+    assert [lo for lo, _ in blocks] == [lo for lo, _ in row_blocks(matrix, block_bytes)]
+    np.testing.assert_array_equal(np.concatenate([b for _, b in blocks]), matrix)

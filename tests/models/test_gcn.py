@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from dorylus.masks import keep_mask
 from dorylus.models import get_model
-from dorylus.models import gcn
+from dorylus.models import gcn, ops
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, NEWEST, PIN, STASH, STATIC, VERTEX, Stage
 from dorylus.models.gcn import build_plan, compute, projects_first
 from dorylus.models.ops import TEST, TRAIN, VAL, encode_split
@@ -162,6 +162,23 @@ def test_av_backward_project_first_matches_autograd(act_in, p, layer):
         (grad_src,) = result.rows
         _close(grad_src, src_t.grad)
         assert np.any(grad_src != 0)
+
+
+@pytest.mark.parametrize("act_in,p", [(None, 0.5), ("relu", 0.5), ("elu", 0.0)])
+def test_projection_in_row_blocks_matches_autograd(monkeypatch, act_in, p):
+    """An interval longer than a block (three blocks of 4 rows, the last partial): the blocked
+    ``H W`` and ``H^T dP`` equal the whole-matrix oracle, each block's rows masked by their own ids."""
+    monkeypatch.setattr(ops, "PROJECT_BLOCK_ROWS", 4)
+    src, ids, params = _inputs(n=11, fin=6, fout=4)
+    args = _args(dropout=p, act_in=act_in, project_first=True)
+    src_t, w_t = _t(src, grad=True), _t(params["weight"], grad=True)
+    p_t = _prepared(src_t, ids, 1, p, act_in) @ w_t
+    _close(compute("AV", 1, [src, ids], params, args).rows[0], p_t)
+    grad_p = np.random.default_rng(3).standard_normal((11, 4)).astype(np.float32)
+    p_t.backward(_t(grad_p))
+    result = compute("AV_BWD", 1, [grad_p, grad_p, src, ids], params, args)
+    _close(result.grads["weight"], w_t.grad)
+    _close(result.rows[0], src_t.grad)
 
 
 @pytest.mark.parametrize("act_in,p", CASES)
