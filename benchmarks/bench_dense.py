@@ -22,7 +22,11 @@ medians over the timed epochs; the ratios the issue asks about are printed under
     python benchmarks/bench_dense.py
     python benchmarks/bench_dense.py --nodes 50000 --edges 1000000 --features 128 --epochs 10
 
-Prints a table and writes ``benchmarks/results/dense-<nodes>-<edges>.json`` (``--output``).
+Prints a table and writes ``benchmarks/results/dense-<nodes>-<edges>.json`` (``--output``). For
+Dorylus's distributed systems the table also gives per timed epoch (medians) the stage calls the
+graph servers made (``calls``), how many of them were function invocations (``invocations``,
+what Lambda bills; a stage with element-wise work only runs on the graph server) and the tensor
+megabytes to and from functions: counts that the shared machine's load does not blur.
 """
 
 from __future__ import annotations
@@ -69,11 +73,12 @@ def dense_graph(nodes: int, edges: int, features: int, classes: int, seed: int) 
 
 
 def dorylus_epochs(backend: str, parts: int | None, dataset: GraphDataset, config: TrainConfig,
-                   workdir: Path) -> list[float]:
+                   workdir: Path) -> list[dict[str, Any]]:
+    """The metrics of each training-only epoch (``epoch_s``, ``calls``, ``invocations``, ``bytes``)."""
     run_dir = workdir / f"{backend}-{parts}"
     run = dataclasses.replace(config, backend=backend, parts=parts, run_dir=str(run_dir))
     run_training(run, dataset, progress=io.StringIO())
-    return [m["epoch_s"] for m in read_metrics(run_dir) if m.get("val_acc") is None]
+    return [m for m in read_metrics(run_dir) if m.get("val_acc") is None]
 
 
 def library_epochs(kind: str, dataset: GraphDataset, config: TrainConfig) -> list[float]:
@@ -163,13 +168,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"  {system}: not installed, skipped", flush=True)
                     continue
                 times = library_epochs(system, dataset, dataclasses.replace(config, epochs=epochs))
-            elif system == "reference":
-                times = dorylus_epochs("reference", None, dataset, config, Path(workdir))
             else:
-                backend, parts = ("cpu", 1) if system == "cpu-1" else (system, args.parts)
-                times = dorylus_epochs(backend, parts, dataset, config, Path(workdir))
+                backend, parts = {"reference": ("reference", None), "cpu-1": ("cpu", 1)}.get(system, (system, args.parts))
+                metrics = dorylus_epochs(backend, parts, dataset, config, Path(workdir))
+                times = [m["epoch_s"] for m in metrics]
+                counted = metrics[args.warmup:args.warmup + args.epochs]
             timed = times[args.warmup:args.warmup + args.epochs]
             row = {"system": system, "epoch_s_median": statistics.median(timed), "epoch_s": times}
+            if system not in ("dgl", "pyg", "reference"):
+                # Counts, robust where timings are not: stage calls the graph servers made, calls
+                # that were function invocations (billed), tensor bytes to and from functions.
+                row.update({k: statistics.median(m.get(k, 0) for m in counted) for k in ("calls", "invocations")})
+                row["function_mb"] = statistics.median(m.get("bytes", {}).get("functions", 0) for m in counted) / 1e6
             rows.append(row)
             print(f"  {system}: {row['epoch_s_median']:.3f} s/epoch (median)", flush=True)
     load_after = os.getloadavg()
@@ -183,9 +193,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ratios["cpu1_over_pyg"] = by["cpu-1"] / by["pyg"]
 
     print()
-    print(f"{'system':<10} {'s/epoch (median)':>16}")
+    print(f"{'system':<10} {'s/epoch (median)':>16} {'calls':>6} {'invocations':>11} {'function MB':>11}  (per epoch)")
     for r in rows:
-        print(f"{r['system']:<10} {r['epoch_s_median']:16.3f}")
+        counts = (f" {r['calls']:6g} {r['invocations']:11g} {r['function_mb']:11.1f}" if "calls" in r else "")
+        print(f"{r['system']:<10} {r['epoch_s_median']:16.3f}{counts}")
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}")
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} cpus)")
