@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
-## test-slow: the full distributed-exactness matrix
+## test-slow: the slow tier: a sample of the distributed-exactness matrix and the long runs (docs/testing.md)
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 

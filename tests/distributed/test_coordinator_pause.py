@@ -10,24 +10,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.graphs import shared_data
+from tests.distributed import background
+from tests.distributed.background import EPOCHS, REPO
 from tests.processes import children_of, wait_gone
 
-REPO = Path(__file__).resolve().parents[2]
-EPOCHS = 20
 RUN_TIMEOUT_S = 400
 
 
 def train_args(backend: str, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "dorylus.cli", "train", "--dataset", str(shared_data("cora.npz")), "--backend",
-            backend, "--mode", "sync", "--epochs", str(EPOCHS), "--parts", "2", "--intervals", "2",
-            "--partition-method", "contiguous", "--checkpoint-every", str(EPOCHS), "--run-dir", str(run_dir)]
+    """background.py's run (Cora, sync, 2 parts, 2 intervals, 20 epochs) on ``backend``: on cpu
+    its uninterrupted run is the session's, which the recovery and preemption tests share."""
+    return background.train_args(run_dir, "--backend", backend)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -73,10 +71,13 @@ def run(backend: str, run_dir: Path, pause_s: float | None = None) -> tuple[list
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def plain(request, tmp_path_factory):
+    """The uninterrupted run's epochs per backend: cpu's is conftest.py's ``uninterrupted``."""
     cache: dict[str, list[dict]] = {}
 
     def get(backend: str) -> list[dict]:
+        if backend == "cpu":
+            return request.getfixturevalue("uninterrupted")
         if backend not in cache:
             cache[backend], _ = run(backend, tmp_path_factory.mktemp(f"plain-{backend}") / "run")
         return cache[backend]
@@ -95,14 +96,16 @@ def assert_same_epochs(paused: list[dict], plain: list[dict]) -> None:
 
 # The default suite keeps the cpu case (the lost-reports bug is the coordinator's, whatever the
 # backend); lambda, whose emulator start costs a minute here, runs with make test-slow.
+@pytest.mark.timeout(600)  # the uninterrupted run may start within it (the first of the session to ask)
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("lambda", marks=pytest.mark.slow)])
-def test_coordinator_paused_half_a_second(tmp_path, uninterrupted, backend):
+def test_coordinator_paused_half_a_second(tmp_path, plain, backend):
     paused, _ = run(backend, tmp_path / "run", pause_s=0.5)
-    assert_same_epochs(paused, uninterrupted(backend))
+    assert_same_epochs(paused, plain(backend))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", ["cpu", "lambda"])
-def test_coordinator_paused_ten_seconds(tmp_path, uninterrupted, backend):
+def test_coordinator_paused_ten_seconds(tmp_path, plain, backend):
     paused, _ = run(backend, tmp_path / "run", pause_s=10.0)
-    assert_same_epochs(paused, uninterrupted(backend))
+    assert_same_epochs(paused, plain(backend))
