@@ -24,8 +24,11 @@ from tests.processes import alive, children_of, cmdline, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 CORA = SHARED_DATA / "cora.npz"
-EPOCHS = 30
-CHECKPOINT_EVERY = 5
+# Kills land in epoch 6 or 7 (two checkpoints behind them) and leave 8 or more to resume, room
+# for a loaded machine's lag between seeing an epoch and the kill; 15 epochs, not 30, for the
+# default suite's time: the resumed epochs are compared one by one.
+EPOCHS = 15
+CHECKPOINT_EVERY = 3
 TRAIN = ["--dataset", str(CORA), "--backend", "lambda", "--parts", "2", "--epochs", str(EPOCHS),
          "--checkpoint-every", str(CHECKPOINT_EVERY), "--max-recoveries", "0"]  # the manual resume path
 
@@ -95,6 +98,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
         assert abs(g["test_acc"] - w["test_acc"]) * 1000 <= 1 + 1e-9, g["epoch"]  # Cora: 1,000 test vertices
 
 
+@pytest.mark.timeout(600)  # three runs when the uninterrupted one starts here; a loaded machine took 300 s
 @pytest.mark.parametrize("victim", [
     # A killed graph server now comes back by itself (test_recovery); the manual path stays
     # in the default suite for the coordinator, the one role nothing restarts.
@@ -104,7 +108,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
 ])
 def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training, tmp_path, victim):
     run = tmp_path / "run"
-    kill_at = random.Random(victim).randint(2 * CHECKPOINT_EVERY, EPOCHS - 6)
+    kill_at = random.Random(victim).randint(2 * CHECKPOINT_EVERY, EPOCHS - 8)
     t = training(*TRAIN, "--run-dir", str(run))
     t.wait_for_epoch(run, kill_at)
     target = {"graph server": lambda: t.role(b"graphserver.server"),
@@ -117,7 +121,11 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training
     if victim == "coordinator":
         assert code == -signal.SIGKILL
         saved = torch_epoch(run)
-        assert saved % CHECKPOINT_EVERY == 0 and saved <= kill_at + 1  # the last periodic checkpoint
+        # The last periodic checkpoint before the last logged epoch (the coordinator may log a few
+        # epochs past kill_at before the signal lands on a busy machine).
+        logged = read_metrics(run)[-1]["epoch"]
+        assert logged < EPOCHS, "the run ended before the kill: nothing was resumed"
+        assert saved % CHECKPOINT_EVERY == 0 and logged - CHECKPOINT_EVERY <= saved <= logged + 1, (saved, logged)
     else:
         assert code == 1, output
         assert f"dorylus train --resume {run}" in output  # the exact command to continue
