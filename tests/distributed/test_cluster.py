@@ -190,7 +190,10 @@ def test_roles_run_with_one_openblas_thread(cpu_cluster, monkeypatch):
     for child in cpu_cluster.children:
         environ = open(f"/proc/{child.process.pid}/environ", "rb").read().split(b"\0")
         assert b"OPENBLAS_NUM_THREADS=1" in environ, child.name
+        assert b"MALLOC_ARENA_MAX=2" in environ, child.name
     from dorylus.lifecycle import local_process_environment
 
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")  # the user's own setting wins
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")  # the user's own settings win
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
     assert local_process_environment()["OPENBLAS_NUM_THREADS"] == "3"
+    assert local_process_environment()["MALLOC_ARENA_MAX"] == "8"
