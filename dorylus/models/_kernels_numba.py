@@ -267,3 +267,93 @@ def cuthill_mckee(indptr, indices):
                 order[tail] = buf[0]
             tail += m
     return order
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
+def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_scale, col_scale, has_col_scale,
+                   bounds, out, distance):
+    """``out = A^T g`` pushed from ``A``'s rows: thread ``t`` owns output rows ``[bounds[t], bounds[t + 1])``,
+    walks every entry and adds those in its range (no per-thread copy of ``out``). Each ``out[c]``
+    sums in increasing ``r`` whatever the split, as a gather over the transposed CSR would."""
+    width = g.shape[1]
+    blocked = width - width % 16
+    rows = indptr.shape[0] - 1
+    limit = indptr[rows]
+    zero = np.float32(0.0)
+    for t in prange(bounds.shape[0] - 1):
+        c0 = bounds[t]
+        c1 = bounds[t + 1]
+        for c in range(c0, c1):
+            for f in range(width):
+                out[c, f] = zero
+        for r in range(rows):
+            lo = indptr[r]
+            hi = indptr[r + 1]
+            s = np.float32(1.0)
+            if has_row_scale:
+                s = row_scale[r]
+            # g[r]'s 16-feature block in registers, added into each out row of the entries in range
+            for f0 in range(0, blocked, 16):
+                a0 = g[r, f0 + 0]
+                a1 = g[r, f0 + 1]
+                a2 = g[r, f0 + 2]
+                a3 = g[r, f0 + 3]
+                a4 = g[r, f0 + 4]
+                a5 = g[r, f0 + 5]
+                a6 = g[r, f0 + 6]
+                a7 = g[r, f0 + 7]
+                a8 = g[r, f0 + 8]
+                a9 = g[r, f0 + 9]
+                a10 = g[r, f0 + 10]
+                a11 = g[r, f0 + 11]
+                a12 = g[r, f0 + 12]
+                a13 = g[r, f0 + 13]
+                a14 = g[r, f0 + 14]
+                a15 = g[r, f0 + 15]
+                for k in range(lo, hi):
+                    if f0 == 0 and k + distance < limit:
+                        ahead = indices[k + distance]
+                        if ahead >= c0 and ahead < c1:
+                            _prefetch_row(out, ahead, width)
+                    c = indices[k]
+                    if c < c0 or c >= c1:
+                        continue
+                    # the weight rounds as the transposed gather's: values[k] * row_scale[r]
+                    w = s
+                    if has_values:
+                        w = values[k] * s
+                    out[c, f0 + 0] += w * a0
+                    out[c, f0 + 1] += w * a1
+                    out[c, f0 + 2] += w * a2
+                    out[c, f0 + 3] += w * a3
+                    out[c, f0 + 4] += w * a4
+                    out[c, f0 + 5] += w * a5
+                    out[c, f0 + 6] += w * a6
+                    out[c, f0 + 7] += w * a7
+                    out[c, f0 + 8] += w * a8
+                    out[c, f0 + 9] += w * a9
+                    out[c, f0 + 10] += w * a10
+                    out[c, f0 + 11] += w * a11
+                    out[c, f0 + 12] += w * a12
+                    out[c, f0 + 13] += w * a13
+                    out[c, f0 + 14] += w * a14
+                    out[c, f0 + 15] += w * a15
+            if blocked < width:
+                for k in range(lo, hi):
+                    if blocked == 0 and k + distance < limit:
+                        ahead = indices[k + distance]
+                        if ahead >= c0 and ahead < c1:
+                            _prefetch_row(out, ahead, width)
+                    c = indices[k]
+                    if c < c0 or c >= c1:
+                        continue
+                    w = s
+                    if has_values:
+                        w = values[k] * s
+                    for f in range(blocked, width):
+                        out[c, f] += w * g[r, f]
+        if has_col_scale:
+            for c in range(c0, c1):
+                sc = col_scale[c]
+                for f in range(width):
+                    out[c, f] *= sc

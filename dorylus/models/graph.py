@@ -18,15 +18,17 @@ kind        entry ``(v, u)``                            as ``S`` with scales
 with ``norm = (1 + indeg)^-1/2`` of the whole graph and ``indeg(v)`` row ``v``'s length less
 its self loop (a graph server owns all in-edges of its rows, so means are over the whole graph's
 neighbourhoods, never a partition's). Memory: ``indices`` (4 bytes per entry as int32, left
-memory-mapped from the store), ``indptr`` and the scales (per vertex), and for the backward
-pass the transposed pattern (4 bytes per entry, int32), none when the pattern is symmetric
-(``symmetric=True``: the whole undirected graph). :meth:`memory` says what each costs.
+memory-mapped from the store), ``indptr`` and the scales (per vertex); the backward pass needs
+nothing more on the host. :meth:`memory` says what each costs.
 
-:meth:`aggregate` and :meth:`aggregate_transpose` run on the host with
-:func:`dorylus.models.kernels.gather` (every core, the scales applied in the kernel, no
-per-entry array), the transpose from :func:`~dorylus.models.kernels.transpose_csr`. :meth:`matrix` and
-:meth:`transpose` build torch CSR matrices with the entries as values on the graph's ``device``
-(the ``gpu`` backend's twins): 4 bytes per entry more there. GAT's per-edge arrays
+:meth:`aggregate` runs on the host with :func:`dorylus.models.kernels.gather` (every core, the
+scales applied in the kernel, no per-entry array), :meth:`aggregate_transpose` with
+:func:`~dorylus.models.kernels.gather_transpose` on ``S`` itself (a push from its rows: no
+transposed pattern), or with ``gather`` when ``S`` is symmetric (``symmetric=True``: the whole
+undirected graph, its own transpose). :meth:`matrix` and :meth:`transpose` build torch CSR
+matrices with the entries as values on the graph's ``device`` (the ``gpu`` backend's twins): 4
+bytes per entry more there, and ``S^T``'s pattern for :meth:`transpose`
+(:func:`~dorylus.models.kernels.transpose_csr`). GAT's per-edge arrays
 (:meth:`edges`, :meth:`source_order`) are made only when asked. Not part of the Lambda bundle.
 """
 
@@ -145,7 +147,8 @@ class CsrGraph:
     def transposed_pattern(self) -> tuple[np.ndarray, np.ndarray]:
         """``(indptr_T int64 [num_cols + 1], indices_T [nnz])`` of ``S^T`` (``[num_cols,
         num_rows]``, rows ascending in each of its rows; int32 indices), made once by a
-        counting sort; ``S``'s own arrays when it is symmetric."""
+        counting sort; ``S``'s own arrays when it is symmetric. Only :meth:`transpose`'s torch
+        matrices need it: :meth:`aggregate_transpose` runs on ``S``."""
         if self.symmetric:
             return self.indptr, self.indices
         if self._transposed is None:
@@ -176,18 +179,25 @@ class CsrGraph:
 
         gcn: ``col_norm * (S^T · (row_norm * grad))``; mean: ``S^T · g - [g; 0]`` with
         ``g = inv_degree * grad``."""
-        indptr_t, indices_t = self.transposed_pattern()
         if kind == "gcn":
-            return kernels.gather_transpose(indptr_t, indices_t, grad, row_scale=self.row_norm,
-                                            col_scale=self.col_norm)
+            return self._product_t(grad, self.row_norm, self.col_norm)
         if kind == "mean":
             g = np.asarray(grad, dtype=np.float32) * self.inv_degree()[:, None]
-            out = kernels.gather(indptr_t, indices_t, g)
+            out = self._product_t(g)
             out[:self.num_rows] -= g
             return out
         if kind == "sum":
-            return kernels.gather(indptr_t, indices_t, grad)
+            return self._product_t(grad)
         raise ValueError(f"unknown aggregation {kind!r}; known: {', '.join(KINDS)}")
+
+    def _product_t(self, g: np.ndarray, row_scale: np.ndarray | None = None,
+                   col_scale: np.ndarray | None = None) -> np.ndarray:
+        """``(diag(row_scale) S diag(col_scale))^T · g`` without ``S^T``'s pattern: a symmetric ``S``
+        is its own (a gather splits its rows between threads freely), else a push over ``S``."""
+        if self.symmetric:
+            return kernels.gather(self.indptr, self.indices, g, row_scale=col_scale, col_scale=row_scale)
+        return kernels.gather_transpose(self.indptr, self.indices, g, self.num_cols, row_scale=row_scale,
+                                        col_scale=col_scale)
 
     # ------------------------------------------------------------------ torch matrices with values (devices)
 
@@ -277,7 +287,7 @@ class CsrGraph:
     def memory(self) -> dict[str, int]:
         """Bytes held per structure now (made-on-demand ones once made): ``indices`` and
         ``indptr`` (the store's, memory-mapped when loaded so), ``norms``, ``transpose``
-        (``S^T``'s pattern; 0 when symmetric), ``block_indptr`` (the intervals' row pointers),
+        (``S^T``'s pattern, made for :meth:`transpose` only; 0 when symmetric), ``block_indptr`` (the intervals' row pointers),
         ``values`` (per-entry values of the device matrices), ``edges`` (GAT)."""
         transpose = 0 if self.symmetric or self._transposed is None else sum(a.nbytes for a in self._transposed)
         blocks = sum(a.nbytes for a in self._blocks.values())

@@ -17,12 +17,19 @@ entries ahead (the out-of-order window alone holds only a few misses). Sums run 
 in CSR order within a row, so results are deterministic for a given thread count and do not
 depend on it (a row is never split between threads).
 
+The backward product ``A^T g`` (:func:`gather_transpose`) runs on ``A``'s own CSR, pushing each
+row's scaled ``g[r]`` into the output rows of its entries: a graph server then holds no CSR of
+``A^T`` (4 bytes per entry and a row pointer per column). A graph server usually has one thread
+(cores // parts), where the push costs what a pull over a transpose does; on more threads each
+takes a range of output rows and reads all of ``indices`` (see the function).
+
 numba is imported lazily (on the first call), so modules that import this one but never call it
 (the Lambda bundle ships numpy and pyzmq only) do not need it. Importing numba and loading the
 cached parallel kernels costs a process 2-4 s, more than a whole small graph's training, so
-products of fewer than :data:`SMALL_WORK` entries x width run on torch's CSR kernel and small
-transposes on a numpy sort (the ``auto`` choice of ``DORYLUS_GATHER_KERNEL``; ``numba`` or
-``torch`` force one). Both follow the same formula; they differ in float32 rounding only.
+products of fewer than :data:`SMALL_WORK` entries x width run on torch (its CSR kernel, and
+``index_add_`` for ``A^T``) and small transposes on a numpy sort (the ``auto`` choice of
+``DORYLUS_GATHER_KERNEL``; ``numba`` or ``torch`` force one). Both follow the same formula; they
+differ in float32 rounding only.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ _CHUNKS_PER_THREAD = 16
 # Below this many stored entries x width a product runs on torch (see the module docstring):
 # synthetic-small's intervals (300K entries x 16) are below it, synthetic-1m's whole parts above.
 SMALL_WORK = 1 << 23
+# Terms (entries x width) per step of the torch ``gather_transpose``: a 4 MB temporary.
+_TORCH_BLOCK = 1 << 20
 KERNEL_CHOICES = ("auto", "numba", "torch")
 
 _lock = threading.Lock()
@@ -134,6 +143,38 @@ def _row_bounds(indptr: np.ndarray, threads: int) -> np.ndarray:
     return np.unique(np.clip(bounds, 0, rows))
 
 
+def _structure(indptr: Any, indices: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(indptr, indices, nnz)`` checked: ``indptr`` int32/int64 from 0, at most ``len(indices)``."""
+    indptr = _as(indptr, np.asarray(indptr).dtype if np.asarray(indptr).dtype in (np.int32, np.int64)
+                 else np.int64, "indptr")
+    if indptr.shape[0] < 1:
+        raise ValueError("indptr must have at least one element (R + 1)")
+    indices = _index_array(indices)
+    nnz = int(indptr[-1])
+    if indices.shape[0] < nnz or int(indptr[0]) != 0:
+        raise ValueError(f"indptr must start at 0 and end at most at len(indices) = {indices.shape[0]}, "
+                         f"got {int(indptr[0])} .. {nnz}")
+    return indptr, indices, nnz
+
+
+def _values(values: Any, nnz: int) -> np.ndarray:
+    if values is None:
+        return np.empty(0, np.float32)
+    v = _as(values, np.float32, "values")
+    if v.shape[0] < nnz:
+        raise ValueError(f"values must have at least nnz = {nnz} entries, got {v.shape[0]}")
+    return v
+
+
+def _output(out: np.ndarray | None, rows: int, width: int) -> np.ndarray:
+    if out is None:
+        return np.empty((rows, width), np.float32)
+    if (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (rows, width)
+            or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(rows, width)}")
+    return out
+
+
 def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: Any = None,
            col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
     r"""``out[r] = row_scale[r] * sum_{k in [indptr[r], indptr[r+1])} values[k] * col_scale[indices[k]] * x[indices[k]]``.
@@ -148,31 +189,17 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     Runs on ``torch.get_num_threads()`` threads; calls from several Python threads are serialised
     (each already uses every core). Indices are trusted to be in range (not checked per entry).
     """
-    indptr = _as(indptr, np.asarray(indptr).dtype if np.asarray(indptr).dtype in (np.int32, np.int64)
-                 else np.int64, "indptr")
-    if indptr.shape[0] < 1:
-        raise ValueError("indptr must have at least one element (R + 1)")
-    indices = _index_array(indices)
+    indptr, indices, nnz = _structure(indptr, indices)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D [C, F], got shape {x.shape}")
     rows = indptr.shape[0] - 1
     num_cols, width = x.shape
-    nnz = int(indptr[-1]) if rows >= 0 else 0
-    if indices.shape[0] < nnz or int(indptr[0]) != 0:
-        raise ValueError(f"indptr must start at 0 and end at most at len(indices) = {indices.shape[0]}, "
-                         f"got {int(indptr[0])} .. {nnz}")
     empty = np.empty(0, np.float32)
-    v = empty if values is None else _as(values, np.float32, "values")
-    if values is not None and v.shape[0] < nnz:
-        raise ValueError(f"values must have at least nnz = {nnz} entries, got {v.shape[0]}")
+    v = _values(values, nnz)
     rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
     cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
-    if out is None:
-        out = np.empty((rows, width), np.float32)
-    elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != (rows, width)
-          or not out.flags.c_contiguous):
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {(rows, width)}")
+    out = _output(out, rows, width)
     if rows == 0 or width == 0:
         return out
     if nnz == 0:
@@ -227,16 +254,81 @@ def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray,
     return indptr_t, indices_t, perm
 
 
-def gather_transpose(indptr_t: Any, indices_t: Any, g: Any, *, values_t: Any = None, row_scale: Any = None,
-                     col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
-    r"""``A^T g`` for ``A = diag(row_scale) V diag(col_scale)`` given the structure of ``A^T``.
+def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values: Any = None,
+                     row_scale: Any = None, col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+    r"""``A^T g`` for ``A = diag(row_scale) V diag(col_scale)`` ``[R, C]`` from ``A``'s own CSR: no transpose is built.
 
-    ``(indptr_t, indices_t)`` from :func:`transpose_csr` (shape ``[C, R]``), ``g`` float32 ``[R, F]``,
-    ``values_t`` = ``values[perm]`` float32 ``[nnz]`` or None, ``row_scale`` ``[R]`` and
-    ``col_scale`` ``[C]`` as for ``A`` (not swapped). Returns float32 ``[C, F]``:
-    ``out[c] = col_scale[c] * sum_t values_t[t] * row_scale[indices_t[t]] * g[indices_t[t]]``.
+    ``(indptr, indices, values, row_scale, col_scale)`` as for :func:`gather` with ``C = num_cols``;
+    ``g`` float32 ``[R, F]``. Returns float32 ``[C, F]`` (``out`` if given):
+    ``out[c] = col_scale[c] * sum_{entries k = (r, c)} values[k] * row_scale[r] * g[r]``.
+
+    On numba a push over ``A``'s rows: each entry ``(r, c)`` adds ``values[k] row_scale[r] g[r]``
+    to ``out[c]``. With ``T`` threads each owns the output rows of one of ``T`` column ranges of
+    about equal entries and walks every entry, keeping those in its range: no per-thread copy of
+    ``out`` (``(T - 1) C F`` floats), at the price of every thread reading all of ``indices``
+    (4 B per entry, in order) and an ``int64 [C]`` count per call to split the ranges. Each
+    ``out[c]`` sums its terms in increasing ``r`` whatever ``T``, as :func:`gather` over the CSR of
+    ``A^T`` (:func:`transpose_csr`) would, term for term: results do not depend on the thread
+    count. On torch (small products, or forced): ``index_add_`` of the scaled rows, in blocks.
     """
-    return gather(indptr_t, indices_t, g, values=values_t, row_scale=col_scale, col_scale=row_scale, out=out)
+    indptr, indices, nnz = _structure(indptr, indices)
+    g = np.ascontiguousarray(g, dtype=np.float32)
+    rows = indptr.shape[0] - 1
+    num_cols = int(num_cols)
+    if g.ndim != 2 or g.shape[0] != rows:
+        raise ValueError(f"g must be 2-D [R = {rows}, F], got shape {g.shape}")
+    width = g.shape[1]
+    empty = np.empty(0, np.float32)
+    v = _values(values, nnz)
+    rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
+    cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
+    out = _output(out, num_cols, width)
+    if num_cols == 0 or width == 0:
+        return out
+    if nnz == 0:
+        out.fill(0.0)
+        return out
+    if not _use_numba(nnz * width):
+        _gather_transpose_torch(indptr, indices, g, None if values is None else v,
+                                None if row_scale is None else rs, None if col_scale is None else cs, out)
+        return out
+    k = _kernels()
+    threads = _threads()
+    if threads == 1:
+        bounds = np.array([0, num_cols], np.int64)
+    else:
+        per_col = np.cumsum(np.bincount(indices[:nnz], minlength=num_cols))
+        if per_col.shape[0] != num_cols:
+            raise ValueError(f"indices must lie in [0, {num_cols})")
+        bounds = np.searchsorted(per_col, np.linspace(0, nnz, threads + 1)[1:-1])
+        bounds = np.unique(np.concatenate([[0], np.clip(bounds, 0, num_cols), [num_cols]]).astype(np.int64))
+    with _lock, _numba_threads(threads):
+        k.scatter_kernel(indptr, indices, g, v, values is not None, rs, row_scale is not None, cs,
+                         col_scale is not None, bounds, out, PREFETCH_DISTANCE)
+    return out
+
+
+def _gather_transpose_torch(indptr: np.ndarray, indices: np.ndarray, g: np.ndarray, values: np.ndarray | None,
+                            row_scale: np.ndarray | None, col_scale: np.ndarray | None, out: np.ndarray) -> None:
+    """``gather_transpose`` through torch's ``index_add_``, :data:`_TORCH_BLOCK` terms at a time:
+    entries in CSR order, so each output row sums in increasing ``r`` as the numba push does.
+    (A CSC tensor of ``A^T`` would do, but torch turns it into a CSR per call: ~50 B per entry.)"""
+    import torch
+
+    nnz = int(indptr[-1])
+    scaled = g if row_scale is None else g * row_scale[:, None]
+    result = torch.from_numpy(out)
+    result.zero_()
+    step = max(1, _TORCH_BLOCK // max(1, g.shape[1]))
+    for lo in range(0, nnz, step):
+        hi = min(nnz, lo + step)
+        rows = np.searchsorted(indptr, np.arange(lo, hi), side="right") - 1
+        terms = torch.from_numpy(scaled[rows])
+        if values is not None:
+            terms *= torch.from_numpy(values[lo:hi, None])
+        result.index_add_(0, torch.from_numpy(indices[lo:hi].astype(np.int64)), terms)
+    if col_scale is not None:
+        out *= col_scale[:, None]
 
 
 def locality_order(indptr: Any, indices: Any) -> np.ndarray:

@@ -195,7 +195,7 @@ def test_transpose_csr_is_the_transpose(indptr_type):
     # the transposed product with the original's scales
     g = rng.standard_normal((130, 9), dtype=np.float32)
     rs, cs = rng.random(130, dtype=np.float32), rng.random(170, dtype=np.float32)
-    got = kernels.gather_transpose(indptr_t, indices_t, g, values_t=values[perm], row_scale=rs, col_scale=cs)
+    got = kernels.gather(indptr_t, indices_t, g, values=values[perm], row_scale=cs, col_scale=rs)
     a = scipy.sparse.diags(rs.astype(np.float64)) @ scipy.sparse.csr_matrix(
         (values.astype(np.float64), indices, indptr), shape=(130, 170)) @ scipy.sparse.diags(cs.astype(np.float64))
     np.testing.assert_allclose(got, a.T @ g.astype(np.float64), rtol=1e-4, atol=1e-5)
@@ -206,6 +206,148 @@ def test_transpose_csr_empty():
     assert indptr_t.tolist() == [0] * 6 and indices_t.size == 0 and perm.size == 0
     with pytest.raises(ValueError):
         kernels.transpose_csr(np.array([0, 1]), np.array([5], np.int32), 3)
+
+
+def skewed_part(rows: int, cols: int, rng: np.random.Generator, *,
+                self_loops: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A graph server's block ``[rows, cols]``: owned rows over ``[owned; ghost]`` columns
+    (``cols > rows``), empty rows (or self loops), columns no entry hits, and a few rows of high
+    degree (150 entries and more: past the gather kernel's 128-entry segments)."""
+    # the last 7 columns: never hit
+    indptr, indices = random_csr(rows, cols - 7, rows * 6, rng, self_loops=self_loops)
+    r = np.repeat(np.arange(rows), np.diff(indptr))
+    hubs = rng.choice(rows, 3, replace=False)
+    extra_r = np.repeat(hubs, 150)
+    extra_c = np.concatenate([rng.choice(cols - 7, 150, replace=False) for _ in hubs])
+    keys = np.unique(np.concatenate([r * cols + indices, extra_r * cols + extra_c]))  # duplicate-free
+    r, c = keys // cols, keys % cols
+    indptr = np.zeros(rows + 1, np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
+    assert np.diff(indptr).max() >= 150 and (self_loops or (np.diff(indptr) == 0).any())
+    return indptr, c.astype(np.int32)
+
+
+def check_transpose(indptr, indices, g, num_cols, values=None, row_scale=None, col_scale=None):
+    """``gather_transpose`` against the float64 ``A^T g`` (scipy), with :func:`check`'s bound per
+    output row (its terms: the column's entries)."""
+    got = kernels.gather_transpose(indptr, indices, g, num_cols, values=values, row_scale=row_scale,
+                                   col_scale=col_scale)
+    rows = len(indptr) - 1
+    nnz = int(indptr[-1])
+
+    def a_t(v, rs, cs):
+        a = scipy.sparse.csr_matrix((np.ones(nnz) if v is None else np.asarray(v[:nnz], np.float64),
+                                     np.asarray(indices[:nnz], np.int64), np.asarray(indptr, np.int64)),
+                                    shape=(rows, num_cols))
+        if rs is not None:
+            a = scipy.sparse.diags(np.asarray(rs, np.float64)) @ a
+        if cs is not None:
+            a = a @ scipy.sparse.diags(np.asarray(cs, np.float64))
+        return a.T.tocsr()
+
+    want = a_t(values, row_scale, col_scale) @ g.astype(np.float64)
+    magnitude = a_t(*(None if a is None else np.abs(a) for a in (values, row_scale, col_scale))) @ np.abs(g).astype(
+        np.float64)
+    lengths = np.bincount(np.asarray(indices[:nnz]), minlength=num_cols)[:, None]
+    bound = 1e-5 * (lengths + 3) / 8 * magnitude + 1e-37
+    assert got.dtype == np.float32 and got.shape == (num_cols, g.shape[1])
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), f"max error {err.max():.3e}, bound there {bound.flat[np.argmax(err - bound)]:.3e}"
+    return got
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("width", [1, 16, 17, 128])
+@pytest.mark.parametrize("weights", ["none", "gcn", "all"])
+def test_gather_transpose_is_the_transpose_product(threads, width, weights):
+    rng = np.random.default_rng(width * 3 + threads + len(weights))
+    rows, cols = 240, 330
+    indptr, indices = skewed_part(rows, cols, rng)
+    g = rng.standard_normal((rows, width), dtype=np.float32)
+    kw = {}
+    if weights == "gcn":  # A_hat: the structure and the two degree scales, as aggregate_transpose("gcn") passes
+        kw = dict(row_scale=rng.random(rows, dtype=np.float32) + 0.1, col_scale=rng.random(cols, dtype=np.float32) + 0.1)
+    elif weights == "all":  # per-entry values too (signed)
+        kw = dict(values=rng.standard_normal(len(indices), dtype=np.float32),
+                  row_scale=rng.standard_normal(rows, dtype=np.float32), col_scale=rng.standard_normal(cols, dtype=np.float32))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = check_transpose(indptr, indices, g, cols, **kw)
+    finally:
+        torch.set_num_threads(before)
+    assert not got[cols - 7:].any()  # columns no entry hits
+
+
+def test_gather_transpose_sums_as_the_transposed_gather_on_any_thread_count(kernel):
+    """numba: each output row sums its terms in increasing row order on 1 or 2 threads, the order
+    of a gather over ``transpose_csr``'s CSR (rows ascending in each column): the same float32 sums."""
+    rng = np.random.default_rng(11)
+    indptr, indices = skewed_part(500, 640, rng)
+    g = rng.standard_normal((500, 20), dtype=np.float32)
+    values = rng.standard_normal(len(indices), dtype=np.float32)
+    rs, cs = rng.random(500, dtype=np.float32), rng.random(640, dtype=np.float32)
+    indptr_t, indices_t, perm = kernels.transpose_csr(indptr, indices, 640)
+    pulled = kernels.gather(indptr_t, indices_t, g, values=values[perm], row_scale=cs, col_scale=rs)
+    before = torch.get_num_threads()
+    try:
+        pushed = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            pushed.append(kernels.gather_transpose(indptr, indices, g, 640, values=values, row_scale=rs, col_scale=cs))
+    finally:
+        torch.set_num_threads(before)
+    if kernel == "numba":
+        np.testing.assert_array_equal(pushed[0], pushed[1])
+        np.testing.assert_array_equal(pushed[0], pulled)
+    else:  # index_add_ multiplies values * (row_scale * g), the CSR kernel (values * row_scale) * g
+        np.testing.assert_allclose(pushed[0], pulled, rtol=1e-5, atol=1e-5)
+
+
+def test_gather_transpose_edge_cases():
+    g = np.ones((3, 2), np.float32)
+    out = np.full((4, 2), 7, np.float32)
+    got = kernels.gather_transpose(np.zeros(4, np.int64), np.empty(0, np.int32), g, 4, out=out)  # nnz = 0
+    assert got is out and not out.any()
+    assert kernels.gather_transpose(np.array([0, 1, 1, 2]), np.array([0, 0], np.int32), g, 0 + 1).tolist() == [[2, 2]]
+    assert kernels.gather_transpose(np.zeros(1, np.int64), np.empty(0, np.int32), np.ones((0, 5)), 3).shape == (3, 5)
+    with pytest.raises(ValueError, match="g must be"):
+        kernels.gather_transpose(np.array([0, 1, 1, 2]), np.array([0, 0], np.int32), np.ones((2, 2)), 1)
+    with pytest.raises(ValueError, match="col_scale"):
+        kernels.gather_transpose(np.array([0, 1, 1, 2]), np.array([0, 0], np.int32), g, 1, col_scale=np.ones(2))
+    with pytest.raises(ValueError, match="out must be"):
+        kernels.gather_transpose(np.array([0, 1, 1, 2]), np.array([0, 0], np.int32), g, 1, out=np.empty((1, 3), np.float32))
+
+
+@pytest.mark.parametrize("kind", ["gcn", "mean", "sum"])
+def test_graph_server_backward_builds_no_transpose(monkeypatch, kind):
+    """``CsrGraph.aggregate_transpose`` of a part (``[owned; ghost]`` columns) equals its dense
+    matrix's transpose product in float64 and never builds ``S^T``'s pattern."""
+    from dorylus.models.graph import CsrGraph
+
+    rng = np.random.default_rng(12)
+    owned, local = 200, 260
+    indptr, indices = skewed_part(owned, local, rng, self_loops=True)
+    norm = (1 / np.sqrt(1 + rng.integers(0, 30, local))).astype(np.float32)
+    graph = CsrGraph(indptr, indices, norm[:owned], norm, local, np.arange(owned), np.arange(local))
+    monkeypatch.setattr(kernels, "transpose_csr", lambda *a, **k: pytest.fail("the transpose was built"))
+    dense = np.zeros((owned, local))
+    rows = np.repeat(np.arange(owned), np.diff(indptr))
+    if kind == "gcn":
+        dense[rows, indices] = norm[rows].astype(np.float64) * norm[indices]
+    elif kind == "mean":
+        degree = np.diff(indptr) - 1  # the self loop is not a neighbour
+        dense[rows, indices] = np.where(degree[rows] > 0, 1 / np.maximum(degree[rows], 1), 0)
+        dense[np.arange(owned), np.arange(owned)] = 0
+    else:
+        dense[rows, indices] = 1
+    for width in (1, 16, 128):
+        g = rng.standard_normal((owned, width), dtype=np.float32)
+        want = dense.T @ g.astype(np.float64)
+        # the longest column has a few dozen terms; float32 rounding stays far below 1e-5 of the sum of |terms|
+        tolerance = 1e-5 * (np.abs(dense.T) @ np.abs(g)).max() + 1e-30
+        np.testing.assert_allclose(graph.aggregate_transpose(kind, g), want, rtol=0, atol=tolerance)
+    assert graph.memory()["transpose"] == 0
 
 
 def banded(n: int, half_width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
