@@ -41,10 +41,9 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
     """What a graph server holds for ``part``, per structure: bytes, bytes per stored entry
     (``nnz``: in-edges with self loops) and bytes per owned vertex.
 
-    Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm``, ``transpose``
-    (the int32 pattern of ``S^T`` the backward Gather reads, with its int64 row pointers),
-    ``global_ids``, ``features`` (``features``, default the part's), ``labels_masks``,
-    ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
+    Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm`` (the backward
+    Gather reads these too: no pattern of ``S^T``), ``global_ids``, ``features`` (``features``,
+    default the part's), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
     ``ghost_rows`` is the part of them that holds ghost rows). No per-entry float exists.
     """
     nnz, n_owned, n_local = part.nnz, part.n_owned, part.n_local
@@ -53,7 +52,6 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
         "indices": part.indices.nbytes,
         "indptr": part.indptr.nbytes,
         "norm": part.norm.nbytes,
-        "transpose": nnz * part.indices.itemsize + (n_local + 1) * 8,
         "global_ids": n_local * 8,
         "features": x.nbytes,
         "labels_masks": part.labels.nbytes + sum(getattr(part, m).nbytes for m in ("train_mask", "val_mask", "test_mask")),

@@ -312,17 +312,12 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     indices         ``m`` local column ids (int32 below 2^31 local rows, else int64)
     indptr          the store's ``n + 1`` row pointers and the intervals' own (int64)
     norm            ``(1 + indeg)^-1/2`` of every local row (float32): no per-entry value
-    transpose       the pattern of ``S^T`` the backward Gather reads: ``m`` owned row ids
-                    (int32 below 2^31) and ``l + 1`` int64 row pointers
     global_ids      int64 per local row, and the store's owned ids (int64 per owned row)
     features        ``n x F`` float32 (dense: at scale the planner does not know the density)
     labels_masks    int64 label, three bool masks and the uint8 split per owned row
     exchange        ghost ids and send lists (int64 per ghost and per sent row)
     buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
     ==============  ======================================================================
-
-    Making the transpose (once, at the first backward Gather) needs a permutation of ``m``
-    entries more for a moment; the planner's ``memory_fraction`` leaves room for it.
 
     The ``gpu`` backend's figure is its device's (:class:`graphserver.backends.gpu.DeviceState`):
     torch CSR matrices of A_hat and its transpose, each a column id and a float32 value per
@@ -343,7 +338,6 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
         "indices": m * vertex_dtype(local).itemsize,
         "indptr": INDPTR * ((n + 1) + (n + setup.intervals)),
         "norm": FLOAT * local,
-        "transpose": m * vertex_dtype(n).itemsize + INDPTR * (local + 1),
         "global_ids": ID * (local + n),
         "features": FLOAT * n * shape.features,
         "labels_masks": n * (ID + 3 + 1),

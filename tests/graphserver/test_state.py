@@ -397,10 +397,10 @@ def test_bytes_per_edge_of_a_hand_built_part():
                      test_mask=np.zeros(3, bool), send_indices=np.array([0, 2]), send_offsets=np.array([0, 0, 2]))
     buffers = {"H": np.zeros((5, 4), np.float32), "Y": np.zeros((3, 4), np.float32)}
     fig = memory_figures(part, buffers=buffers)
-    assert fig["bytes"] == {"indices": 32, "indptr": 32, "norm": 20, "transpose": 8 * 4 + 6 * 8, "global_ids": 40,
+    assert fig["bytes"] == {"indices": 32, "indptr": 32, "norm": 20, "global_ids": 40,
                             "features": 24, "labels_masks": 24 + 9, "exchange": 16 + 16 + 24 + 24,
                             "buffers": 80 + 48, "ghost_rows": 32}
-    assert fig["per_edge"]["indices"] == 4.0 and fig["per_edge"]["transpose"] == 10.0
+    assert fig["per_edge"]["indices"] == 4.0
     assert fig["per_vertex"]["norm"] == 20 / 3
     assert fig["total_bytes"] == sum(v for k, v in fig["bytes"].items() if k != "ghost_rows")
     assert fig["total_per_edge"] == fig["total_bytes"] / 8

@@ -1,10 +1,9 @@
 """The planner's graph-server memory against what a graph server really holds.
 
 Oracle: ``tracemalloc``'s count of the bytes a :class:`graphserver.state.PartitionState` keeps
-allocated (numpy reports its buffers to it) after one forward and one backward Gather (so the
-transpose exists), for a part of a generated graph written as a format-3 store and loaded into
-memory (a graph server maps the store's files instead; mapped pages are resident once read, but
-no allocator counts them). The planner sees only the part's counts (:func:`store_shape`'s figures).
+allocated (numpy reports its buffers to it) after one forward and one backward Gather, for a
+part of a generated graph written as a format-3 store and loaded into memory (a graph server maps
+the store's files instead; mapped pages are resident once read, but no allocator counts them). The planner sees only the part's counts (:func:`store_shape`'s figures).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def held_bytes(store, part_id: int, plan) -> tuple[int, PartitionState]:
         backward = next(s for s in plan.train if s.kind == "gather_backward")
         for interval in range(len(state.intervals)):
             state.gather(model, forward, interval, {})
-        state.gather_backward(model, backward, {})  # its result is a temporary; the transpose stays
+        state.gather_backward(model, backward, {})  # its result is a temporary
         gc.collect()
         return tracemalloc.get_traced_memory()[0] - before, state
     finally:
@@ -83,7 +82,7 @@ def test_server_memory_is_within_20_percent_of_a_graph_servers_allocations(store
     per_entry, per_vertex = graph_bytes(shape, setup)
     structures = per_entry * shape.nnz + per_vertex * shape.owned
     assert structures == pytest.approx(measured - rows, rel=WITHIN)
-    assert per_entry == 8  # int32 column id, int32 transposed row id: no per-entry weight in format 3
+    assert per_entry == 4  # the int32 column id: no per-entry weight in format 3, no transpose on the host
 
 
 def test_gpu_memory_counts_values_per_entry_on_the_device():
