@@ -138,6 +138,10 @@ class _Config:
                      "barrier, bounded by --staleness", ("sync", "pipe", "async"))
     staleness: int = _opt(0, "async mode: an interval starts epoch e only when e <= min_epoch + S, and Gather reads "
                           "ghost rows at most S epochs old")
+    stale_correction: bool = _opt(False, "async mode with staleness >= 1: the training pass uses a running average "
+                                  "of each peer's ghost rows and ghost gradients, g = gamma g + (1 - gamma) "
+                                  "received, instead of the stale rows as received (PipeGCN's smoothing)")
+    stale_gamma: float = _opt(0.95, "--stale-correction's decay gamma, in [0, 1)")
     partitions: str | None = _opt(None, "partition store directory to train on (default: partition --dataset "
                                   "into the run directory)")
     parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
@@ -173,8 +177,19 @@ class _Config:
     lambda_bandwidth_mbps: float = _opt(0.0, "emulator: cap on each call's ZeroMQ traffic in megabits/s (0: none)")
     lambda_cpu_share: bool = _opt(False, "emulator: slow each call to the CPU share its memory buys on Lambda "
                                   "(1,769 MB = one vCPU)")
-    aws_like: bool = _opt(False, "emulator: AWS Lambda's measured latencies, bandwidth and CPU share (see "
-                          "dorylus/emulator/physics.py); overrides the lambda_* physics options")
+    aws_like: bool = _opt(False, "emulator: AWS Lambda's measured latencies, bandwidth and CPU share, and EC2's "
+                          "network latency, bandwidth and compute variability between graph servers (see "
+                          "dorylus/emulator/physics.py); overrides the lambda_* and net_*/compute_jitter options")
+    net_latency_ms: float = _opt(0.0, "local emulation: one-way latency added to every message a graph server "
+                                 "sends to another graph server (ghost rows) or to the parameter server, and to "
+                                 "its reply (docs/modes.md#physics)")
+    net_bandwidth_mbps: float = _opt(0.0, "local emulation: per-link bandwidth, in megabits/s, of graph-server "
+                                     "messages (ghost rows, weights and gradients the graph server sends or pulls "
+                                     "for the cpu and gpu backends); 0: unlimited")
+    compute_jitter: float = _opt(0.0, "local emulation: sigma of a seeded log-normal slowdown of each "
+                                 "graph-server stage (Gather, vertex, backward Gather): d seconds become "
+                                 "d * exp(sigma * |z|), z drawn per part, pass, epoch, stage and interval from "
+                                 "--seed; 0: none")
     fault_raise: float = _opt(0.0, "emulator fault injection: fraction of calls that raise a function error")
     fault_crash: float = _opt(0.0, "emulator fault injection: fraction of calls whose sandbox crashes")
     fault_hang: float = _opt(0.0, "emulator fault injection: fraction of calls that hang until the timeout")
@@ -274,6 +289,16 @@ class _Config:
              f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
              f"got {self.lambda_memory_mb}"),
             (self.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
+            (all(math.isfinite(v) and v >= 0 for v in (self.net_latency_ms, self.net_bandwidth_mbps,
+                                                        self.compute_jitter)),
+             "net_latency_ms, net_bandwidth_mbps and compute_jitter must be finite numbers >= 0"),
+            (self.compute_jitter <= 2, f"compute_jitter must be at most 2 (a median slowdown of 4x), got "
+                                       f"{self.compute_jitter}"),
+            (math.isfinite(self.stale_gamma) and 0 <= self.stale_gamma < 1,
+             f"stale_gamma must be in [0, 1), got {self.stale_gamma}"),
+            (not self.stale_correction or (self.mode == "async" and self.staleness >= 1),
+             f"stale_correction needs --mode async with --staleness >= 1 (older ghost rows to correct), got mode "
+             f"{self.mode!r} with staleness {self.staleness}"),
             (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0, "task_timeout_s must be > 0"),
             (self.backend != "lambda" or self.task_timeout_s <= MAX_TIMEOUT_S,
              f"task_timeout_s must be <= {MAX_TIMEOUT_S:.0f} with the lambda backend (Lambda's limit), "
@@ -302,6 +327,16 @@ class _Config:
                 raise ConfigError(f"invalid config: {message}")
         self.preemptions()
         return self
+
+    def graph_server_physics(self):
+        """The :class:`~dorylus.emulator.physics.NetPhysics` graph servers apply: EC2's measured
+        figures with ``aws_like``, else the ``net_*`` and ``compute_jitter`` options."""
+        from dorylus.emulator.physics import AWS_NET_LIKE, NetPhysics
+
+        if self.aws_like:
+            return AWS_NET_LIKE
+        return NetPhysics(latency_ms=self.net_latency_ms, bandwidth_mbps=self.net_bandwidth_mbps,
+                          compute_jitter=self.compute_jitter)
 
     def preemptions(self) -> list[tuple[int, int]]:
         """``preempt`` as ``(part, epoch)`` pairs, checked against the run: a graph server that

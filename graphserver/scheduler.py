@@ -17,7 +17,10 @@ The mode (:mod:`graphserver.modes`) is asked where to wait: before an epoch
 (:meth:`~graphserver.modes.Mode.may_start`, against the coordinator's ``min_epoch``), after a
 stage (:meth:`~graphserver.modes.Mode.barrier_after_stage`), for peer rows
 (:meth:`~graphserver.modes.Mode.oldest_ghosts`) and for weights
-(:meth:`~graphserver.modes.Mode.oldest_weights`). When every interval finished an epoch, its
+(:meth:`~graphserver.modes.Mode.oldest_weights`); and whether an interval's evaluation pass of
+epoch ``e`` runs beside its training pass of ``e + 1``
+(:meth:`~graphserver.modes.Mode.evaluates_beside_training`: then the graph server allows twice
+as many calls at once). When every interval finished an epoch, its
 report (loss, accuracy counts, seconds per task, bytes, staleness, weight lag, relaunches,
 failures by kind, fallbacks) waits for the coordinator's next ``progress`` poll.
 
@@ -80,28 +83,40 @@ class Scheduler:
         # which are done; the server refuses messages for epochs far beyond it.
         self.oldest_unfinished = first
         config = server.config
-        self.autotuner = (Autotuner(1, self.n, min(self.n, 4)) if config.functions is None else None)
-        server.backend.concurrency = self.autotuner.value if self.autotuner else min(config.functions, self.n)
+        # Calls one graph server can have ready at once: a stage of every interval, twice as many
+        # when evaluation runs beside the next epoch's training.
+        self.beside = self.mode.evaluates_beside_training()
+        most = self.n * (2 if self.beside else 1)
+        self.autotuner = (Autotuner(1, most, min(most, 4)) if config.functions is None else None)
+        server.backend.concurrency = self.autotuner.value if self.autotuner else min(config.functions, most)
         self.last_epoch_end = time.monotonic()
+        self.failed: asyncio.Future | None = None  # the first failure of a pass run beside the intervals' loops
 
     # ------------------------------------------------------------------ top level
 
     async def run(self) -> None:
+        self.failed = asyncio.get_running_loop().create_future()
+        self.beside_tasks: list[asyncio.Future] = []
         tasks = [asyncio.create_task(self._interval(i)) for i in range(self.n)]
+        every = asyncio.gather(*tasks)
         try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()  # raises the first failure
+            await asyncio.wait([every, self.failed], return_when=asyncio.FIRST_COMPLETED)
+            if self.failed.done():
+                self.failed.result()  # a pass run beside an interval's loop failed
+            every.result()  # raises the first failure
         finally:
-            for task in tasks:
+            for task in (*tasks, *self.beside_tasks):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*tasks, *self.beside_tasks, return_exceptions=True)
+            if every.done() and not every.cancelled():
+                every.exception()  # retrieved: raised above already, or none
 
     def evaluates(self, epoch: int) -> bool:
         return epoch % self.eval_every == 0 or epoch == self.epochs
 
     async def _interval(self, i: int) -> None:
+        previous = None  # this interval's evaluation of the epoch before, when it runs beside training
         for epoch in range(self.first, self.last + 1):
             await self._epoch_gate(epoch)
             record = self.records[epoch]
@@ -109,9 +124,33 @@ class Scheduler:
                 record.train_start = time.monotonic()
             await self._pass(i, epoch, "train")
             record.train_end = max(record.train_end, time.monotonic())
-            if self.evaluates(epoch):
-                await self._pass(i, epoch, "eval")
-            self._interval_done(epoch)
+            finish = self._finish(i, epoch, previous)
+            if self.beside:
+                previous = asyncio.ensure_future(finish)
+                previous.add_done_callback(self._beside_done)
+                self.beside_tasks.append(previous)
+            else:
+                await finish
+        if previous is not None:
+            await previous
+
+    async def _finish(self, i: int, epoch: int, previous: asyncio.Future | None) -> None:
+        """Interval ``i``'s evaluation of ``epoch`` (when due), then its part of the epoch's end;
+        after ``previous`` (the epoch before's), so that evaluations use their buffers one at a
+        time and epochs end in order."""
+        if previous is not None:
+            await previous
+        if self.evaluates(epoch):
+            await self._pass(i, epoch, "eval")
+        self._interval_done(epoch)
+
+    def _beside_done(self, task: asyncio.Future) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None and not self.failed.done():
+            self.failed.set_exception(task.exception())
+        with contextlib.suppress(ValueError):
+            self.beside_tasks.remove(task)
 
     async def _epoch_gate(self, epoch: int) -> None:
         server = self.server

@@ -51,6 +51,7 @@ import signal
 import sys
 import time
 import uuid
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -61,6 +62,7 @@ import zmq.asyncio
 
 from dorylus import curve, protocol, sockets, spot
 from dorylus.config import TrainConfig, load_config_file, server_view
+from dorylus.emulator.physics import NetPhysics
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
 from dorylus.roleopts import add_server_arguments, server_options, watch_parent
@@ -70,7 +72,7 @@ from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
 from dorylus.runs import atomic_write_text
 from graphserver.invoker import TaskFailed
-from graphserver.modes import get_mode
+from graphserver.modes import evaluation_apart, get_mode
 from graphserver.scheduler import PASSES, Scheduler
 
 
@@ -88,22 +90,29 @@ class AsyncPeer:
     _ids = itertools.count(1)
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, what: str, *, server_role: str,
-                 keys: curve.Keyring | None, max_bytes: int):
+                 keys: curve.Keyring | None, max_bytes: int, physics: NetPhysics | None = None):
         self.socket = sockets.client_socket(ctx, endpoint, keys=keys, server_role=server_role, max_bytes=max_bytes)
         self.what = f"{what} at {endpoint}"
         self.lock = asyncio.Lock()
         self.bytes_out = 0
+        # The emulated link (--net-latency-ms, --net-bandwidth-mbps); None: as fast as loopback.
+        self.physics = physics if physics is not None and physics.network else None
 
     async def request(self, header: Header, tensors: Sequence[np.ndarray] = (), *,
                       timeout: float) -> tuple[Header, list[np.ndarray]]:
         header = dataclasses.replace(header, req=next(self._ids))
         async with self.lock:
             frames = protocol.encode(header, tensors)
-            self.bytes_out += sum(np.asarray(t).nbytes for t in tensors)
+            nbytes = sum(np.asarray(t).nbytes for t in tensors)
+            self.bytes_out += nbytes
+            if self.physics is not None:  # the request holds its link while its bytes are on it
+                await asyncio.sleep(self.physics.transfer_s(nbytes))
             await self.socket.send_multipart(frames, copy=False)
             if not await self.socket.poll(int(timeout * 1000), zmq.POLLIN):
                 raise TaskFailed(f"{self.what} did not answer {header.op.value} within {timeout:.0f} s")
             reply, arrays = protocol.decode(await self.socket.recv_multipart(copy=False))
+        if self.physics is not None:  # the reply comes back the other way: the next request may go out
+            await asyncio.sleep(self.physics.transfer_s(sum(a.nbytes for a in arrays)))
         if reply.op is Op.ERROR:
             raise Refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code)
         return reply, arrays
@@ -129,10 +138,13 @@ class GraphServer:
         self.config = config
         self.spec = ModelSpec.from_config(config, self.meta.num_features, self.meta.num_classes)
         self.model = get_model(config.model)
+        self.mode = get_mode(config.mode, config.staleness)
         self.plan = self.model.build_plan(self.spec)
+        if self.mode.evaluates_beside_training():
+            self.plan = evaluation_apart(self.plan)
         self.stages = {(p, s.task, s.layer): s for p, stages in (("train", self.plan.train),
                                                                   ("eval", self.plan.evaluate)) for s in stages}
-        self.mode = get_mode(config.mode, config.staleness)
+        self.physics = config.graph_server_physics()
         from graphserver.backends import make_backend, make_state  # torch: kept out so `--help` is fast
 
         # The backend decides where the partition's rows live (host numpy, or a torch device).
@@ -159,6 +171,10 @@ class GraphServer:
         self.endpoint = ""
         # Ghost rows from peers: (pass, SC | SC_BWD, buffer) -> peer -> (epoch, rows); the newest kept.
         self.inbox: dict[tuple[str, str, str], dict[int, tuple[int, np.ndarray]]] = defaultdict(dict)
+        # --stale-correction: (SC | SC_BWD, buffer, peer) -> (newest epoch folded in, running average).
+        self.smoothed: dict[tuple[str, str, int], tuple[int, np.ndarray]] = {}
+        # Ghost sends not waited for (async, S >= 1): (SC | SC_BWD, pass, buffer) -> task.
+        self.sending: dict[tuple[str, str, str], asyncio.Task] = {}
         self.inbox_changed = asyncio.Event()
         self.min_epoch = 0
         self.gate_changed = asyncio.Event()
@@ -182,7 +198,7 @@ class GraphServer:
     def peer(self, endpoint: str, what: str, server_role: str) -> AsyncPeer:
         """A connection to another server, with this server's keys and message limit."""
         return AsyncPeer(self.ctx, endpoint, what, server_role=server_role, keys=self.keys,
-                         max_bytes=self.max_message_bytes)
+                         max_bytes=self.max_message_bytes, physics=self.physics)
 
     async def serve(self, bind: str, ready_file: str | None = None) -> None:
         if self.keys is not None:
@@ -347,21 +363,43 @@ class GraphServer:
     # ------------------------------------------------------------------ the scheduler's graph work
 
     async def vertex(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        await self.run_in_thread(self.state.vertex, self.model, stage, interval, self.stage_args(stage, pass_, epoch))
+        await self._stage_in_thread(stage, pass_, epoch, interval, self.state.vertex, self.model, stage, interval,
+                                    self.stage_args(stage, pass_, epoch))
 
     async def gather(self, stage, pass_: str, epoch: int, interval: int) -> None:
-        await self.run_in_thread(self.state.gather, self.model, stage, interval, self.stage_args(stage, pass_, epoch))
+        await self._stage_in_thread(stage, pass_, epoch, interval, self.state.gather, self.model, stage, interval,
+                                    self.stage_args(stage, pass_, epoch))
+
+    async def _stage_in_thread(self, stage, pass_: str, epoch: int, interval: int, fn, *args):
+        """``fn(*args)`` in a thread, then --compute-jitter's extra time for it, on the loop."""
+        if not self.physics.compute_jitter:
+            return await self.run_in_thread(fn, *args)
+
+        def timed():
+            start = time.perf_counter()
+            return fn(*args), time.perf_counter() - start
+
+        result, seconds = await self.run_in_thread(timed)
+        factor = self.physics.slowdown(self.config.seed, self.part_id, PASSES.index(pass_), epoch,
+                                       zlib.crc32(stage.task.encode()), stage.layer, interval)
+        self.counters["jitter_s"] += seconds * (factor - 1)
+        await asyncio.sleep(seconds * (factor - 1))
+        return result
 
     async def scatter(self, stage, pass_: str, epoch: int, oldest: int) -> list[int]:
         """SC: peers get our rows of the Gather's inputs that they hold as ghosts; theirs, of
-        epoch ``oldest`` or later, fill ours. Returns the ages (epochs) of the rows used."""
+        epoch ``oldest`` or later, fill ours (while ours are on the way). Returns the ages
+        (epochs) of the rows used."""
         state, ages = self.state, []
-        for name in stage.reads:
-            await self.send_ghosts("SC", pass_, epoch, stage.layer, name, await state.rows_for_peers(name, self.peers))
-        for name in stage.reads:
-            received = await self._receive("SC", pass_, epoch, stage.layer, name, oldest, ages)
-            for j, rows in received.items():
-                state.set_ghost_rows(name, j, rows)
+        outgoing = [(name, await state.rows_for_peers(name, self.peers)) for name in stage.reads]
+        sent = self._send_all("SC", pass_, epoch, stage.layer, outgoing, wait=oldest >= epoch)
+        try:
+            for name in stage.reads:
+                received = await self._receive("SC", pass_, epoch, stage.layer, name, oldest, ages)
+                for j, rows in received.items():
+                    state.set_ghost_rows(name, j, rows)
+        finally:
+            await sent
         return ages
 
     async def gather_backward(self, stage, pass_: str, epoch: int, oldest: int) -> list[int]:
@@ -369,17 +407,61 @@ class GraphServer:
         owners, and the peers' contributions (epoch ``oldest`` or later) are summed into ours in
         peer order. Returns the ages (epochs) of the contributions used."""
         state, ages = self.state, []
-        local = await self.run_in_thread(state.gather_backward, self.model, stage,
-                                         self.stage_args(stage, pass_, epoch))
-        for name, contribution in zip(stage.writes, local):
-            await self.send_ghosts("SC_BWD", pass_, epoch, stage.layer, name,
-                                   await state.contributions_for_peers(contribution, self.peers))
-        for name, contribution in zip(stage.writes, local):
-            state.set_owned_rows(name, contribution)
-            received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name, oldest, ages)
-            for j in sorted(received):  # fixed order: the sum does not depend on arrival order
-                state.add_peer_contribution(name, j, received[j])
+        local = await self._stage_in_thread(stage, pass_, epoch, len(state.intervals), state.gather_backward,
+                                            self.model, stage, self.stage_args(stage, pass_, epoch))
+        outgoing = [(name, await state.contributions_for_peers(contribution, self.peers))
+                    for name, contribution in zip(stage.writes, local)]
+        sent = self._send_all("SC_BWD", pass_, epoch, stage.layer, outgoing, wait=oldest >= epoch)
+        try:
+            for name, contribution in zip(stage.writes, local):
+                state.set_owned_rows(name, contribution)
+                received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name, oldest, ages)
+                for j in sorted(received):  # fixed order: the sum does not depend on arrival order
+                    state.add_peer_contribution(name, j, received[j])
+        finally:
+            await sent
         return ages
+
+    def _send_all(self, task: str, pass_: str, epoch: int, layer: int,
+                  outgoing: list[tuple[str, dict[int, np.ndarray]]], *, wait: bool) -> asyncio.Future:
+        """Start sending ``outgoing`` ((buffer, rows by peer) pairs); the returned future is what
+        the caller awaits. ``wait``: it is the sends themselves (the peers need this epoch's rows).
+        Otherwise (older rows will do) they go on in the background and the future is done at
+        once: one send per buffer in flight, a failure raised by the next exchange or at the end."""
+        self.raise_failed_sends()
+        sends = {}
+        for name, rows_by_peer in outgoing:
+            key = (task, pass_, name)
+            previous = self.sending.pop(key, None)
+            sends[key] = asyncio.ensure_future(self._send_after(previous, task, pass_, epoch, layer, name,
+                                                                rows_by_peer))
+        if wait:
+            return asyncio.ensure_future(asyncio.gather(*sends.values()))
+        self.sending.update(sends)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def _send_after(self, previous: asyncio.Task | None, *args) -> None:
+        if previous is not None:  # rows of one buffer reach a peer in epoch order, one send at a time
+            await previous
+        await self.send_ghosts(*args)
+
+    def raise_failed_sends(self) -> None:
+        """Raise the failure of a background ghost send that failed, forgetting the finished ones."""
+        for key, task in list(self.sending.items()):
+            if task.done():
+                del self.sending[key]
+                task.result()
+
+    async def finish_sends(self) -> None:
+        """Wait for every background ghost send (the end of training); raises a failed one's error."""
+        while self.sending:
+            key, task = next(iter(self.sending.items()))
+            try:
+                await task
+            finally:
+                self.sending.pop(key, None)
 
     async def _receive(self, task: str, pass_: str, epoch: int, layer: int, name: str, oldest: int,
                        ages: list[int]) -> dict[int, np.ndarray]:
@@ -403,8 +485,27 @@ class GraphServer:
         for j in self.peers:
             tag, rows = inbox[j]
             ages.append(max(0, epoch - tag))
-            received[j] = rows
+            received[j] = self._smooth(task, name, j, tag, rows) if self._corrects(pass_) else rows
         return received
+
+    def _corrects(self, pass_: str) -> bool:
+        # The training pass only: evaluation wants the newest rows, not a smoothed estimate.
+        return self.config.stale_correction and pass_ == "train"
+
+    def _smooth(self, task: str, name: str, peer: int, tag: int, rows: np.ndarray) -> np.ndarray:
+        """--stale-correction: the running average g = gamma g + (1 - gamma) rows over the
+        versions (epochs) of ``peer``'s rows of ``name`` received so far, each folded in once;
+        it starts at the first version received (not at zero, which would bias it for ~1 / (1 -
+        gamma) epochs)."""
+        key = (task, name, peer)
+        held = self.smoothed.get(key)
+        if held is None:
+            self.smoothed[key] = (tag, rows.copy())
+        elif tag > held[0]:
+            gamma = np.float32(self.config.stale_gamma)
+            self.smoothed[key] = (tag, gamma * held[1] + (np.float32(1) - gamma) * rows)
+            self.counters["stale_corrections"] += 1
+        return self.smoothed[key][1]
 
     def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
         return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",
@@ -563,6 +664,7 @@ class GraphServer:
     async def _train(self) -> None:
         try:
             await self.scheduler.run()
+            await self.finish_sends()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # reported to the coordinator at its next poll; it stops the run
@@ -570,6 +672,10 @@ class GraphServer:
                 f"graph server {self.part_id}: {type(exc).__name__}: {exc}"
             self.failure = message[: protocol.MAX_MESSAGE_CHARS]
             print(f"training failed: {message}", file=sys.stderr, flush=True)
+        finally:
+            for task in self.sending.values():  # a failed or stopped run sends nothing more
+                task.cancel()
+            self.sending.clear()
 
     def close(self) -> None:
         for peer in self.peers.values():

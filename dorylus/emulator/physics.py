@@ -3,7 +3,8 @@
 A :class:`Physics` is a set of figures the emulator applies to every call (see
 :mod:`dorylus.emulator.server` for where each one acts and whether it is billed). The default
 ``Physics()`` changes nothing: calls run as fast as this machine runs them. :data:`AWS_LIKE`
-holds figures measured on AWS Lambda.
+holds figures measured on AWS Lambda; :class:`NetPhysics` and :data:`AWS_NET_LIKE` do the same for
+the network between graph servers and their compute.
 """
 
 from __future__ import annotations
@@ -86,3 +87,74 @@ def cpu_stretch_s(cpu_s: float, wall_s: float, vcpus: float | None) -> float:
 #   (AWS Lambda documentation, "Configuring Lambda function memory").
 AWS_LIKE = Physics(start_latency_ms=25.0, cold_start_ms=600.0, keep_warm_s=600.0,
                    bandwidth_mbps=540.0, cpu_share=True)
+
+
+@dataclass(frozen=True)
+class NetPhysics:
+    """The network between graph servers (and to the parameter server) and the variability of a
+    graph server's own compute, as a local run emulates them (:mod:`graphserver.server` applies
+    them; the default ``NetPhysics()`` changes nothing).
+
+    * ``latency_ms``: one-way delay of every message a graph server sends to a peer graph server
+      or the parameter server, and of every reply it receives from one.
+    * ``bandwidth_mbps``: per link (one connection), megabits/s; a message of ``b`` bytes holds
+      its link ``8 b / bandwidth`` longer; 0 = unlimited.
+    * ``compute_jitter``: sigma of a seeded log-normal slowdown of each graph-server stage
+      (Gather, vertex, backward Gather): one that ran ``d`` seconds lasts ``d * exp(sigma * |z|)``,
+      ``z`` standard normal drawn per (seed, part, pass, epoch, stage, interval). Never faster:
+      the emulation can only add time. 0 = none.
+
+    Each delay is an asyncio sleep on the graph server's event loop: the server keeps serving
+    and scheduling meanwhile, as a real server does while its bytes are on the wire.
+    """
+
+    latency_ms: float = 0.0
+    bandwidth_mbps: float = 0.0
+    compute_jitter: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in ("latency_ms", "bandwidth_mbps", "compute_jitter"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"network physics: {field} must be a number, got {value!r}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"network physics: {field} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def network(self) -> bool:
+        """Whether messages are delayed at all."""
+        return bool(self.latency_ms or self.bandwidth_mbps)
+
+    def transfer_s(self, nbytes: int) -> float:
+        """Seconds one message of ``nbytes`` tensor bytes takes on a link."""
+        seconds = self.latency_ms / 1000
+        if self.bandwidth_mbps:
+            seconds += nbytes * 8 / (self.bandwidth_mbps * 1e6)
+        return seconds
+
+    def slowdown(self, *key: int) -> float:
+        """The jitter factor (>= 1) of the stage named by ``key`` (non-negative integers, the
+        run's seed first): the same key, the same factor, in every process."""
+        if not self.compute_jitter:
+            return 1.0
+        import numpy as np
+
+        z = np.random.default_rng([int(k) for k in key]).standard_normal()
+        return math.exp(self.compute_jitter * abs(z))
+
+
+# Figures measured on EC2, rounded, for graph servers on c5/c5n instances in one availability zone:
+# * latency_ms 0.1: round trips between current-generation instances in one availability zone
+#   measure about 0.1-0.5 ms with ping or netperf TCP_RR (ENA enhanced networking; lower still in a
+#   cluster placement group); one way is half a ~0.2 ms round trip, and ZeroMQ's own per-message
+#   cost is paid for real by the run on top.
+# * bandwidth_mbps 5000: one TCP flow between EC2 instances outside a cluster placement group is
+#   limited to 5 Gbit/s (EC2 User Guide, "Amazon EC2 instance network bandwidth"); each link here
+#   is one ZeroMQ connection, one flow. c5n.2xlarge bursts to 25 Gbit/s (10 sustained) in total,
+#   c5.2xlarge to 10 (2.5 sustained): per flow, 5 is the tighter bound on either.
+# * compute_jitter 0.1: CPU-bound benchmarks on the same EC2 instance type vary by a coefficient
+#   of variation of a few percent up to ~10% across instances and over time (Leitner and Cito,
+#   "Patterns in the Chaos", ACM TOIT 2016; Schad et al., "Runtime Measurements in the Cloud",
+#   VLDB 2010, saw more on older instance types); sigma 0.1 gives a median slowdown of 7% and 1 in
+#   20 stages 22% or more slower.
+AWS_NET_LIKE = NetPhysics(latency_ms=0.1, bandwidth_mbps=5000.0, compute_jitter=0.1)

@@ -9,6 +9,9 @@ stages in every mode and asks the mode four questions:
 * :meth:`Mode.oldest_ghosts`: the oldest epoch whose peer rows a Scatter of epoch ``e`` may use
   (older ones are waited for).
 * :meth:`Mode.oldest_weights`: the oldest weight version a pass of epoch ``e`` may compute with.
+* :meth:`Mode.evaluates_beside_training`: may an interval's evaluation pass of epoch ``e`` run
+  while the same interval trains epoch ``e + 1``? Then the evaluation pass has buffers of its
+  own (:func:`evaluation_apart`).
 
 ``staleness`` S bounds the last three rules in every mode: rows produced in epoch ``e - S`` or
 later, weight version ``e - 1 - S`` or newer for a forward pass (``e - S`` for evaluation, which
@@ -20,7 +23,9 @@ from __future__ import annotations
 
 import abc
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from dorylus.models.base import STATIC, Plan
 
 MODES = {"sync": "graphserver.modes.sync", "pipe": "graphserver.modes.pipe", "async": "graphserver.modes.asynchronous"}
 
@@ -48,6 +53,24 @@ class Mode(abc.ABC):
     def oldest_weights(self, epoch: int, pass_: str) -> int:
         # forward of epoch e: the weights after epoch e-1's step; evaluation: after e's
         return (epoch - 1 if pass_ == "train" else epoch) - self.staleness
+
+    def evaluates_beside_training(self) -> bool:
+        return False
+
+
+EVAL_SUFFIX = ".eval"
+
+
+def evaluation_apart(plan: Plan) -> Plan:
+    """``plan`` with the evaluation pass on buffers of its own (``<name>.eval``, same widths), so
+    that it can run beside the next epoch's training pass without either overwriting the
+    other's rows. Static inputs stay shared: nobody writes them."""
+    def own(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n if n in STATIC else n + EVAL_SUFFIX for n in names)
+
+    evaluate = tuple(replace(s, reads=own(s.reads), writes=own(s.writes)) for s in plan.evaluate)
+    used = {n for s in plan.evaluate for n in (*s.reads, *s.writes) if n not in STATIC}
+    return replace(plan, evaluate=evaluate, widths={**plan.widths, **{n + EVAL_SUFFIX: plan.widths[n] for n in used}})
 
 
 def get_mode(name: str, staleness: int = 0) -> Mode:

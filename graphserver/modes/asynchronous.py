@@ -2,7 +2,8 @@
 ghost rows present, each tagged with the epoch that produced it, waiting only for rows older
 than ``e - S``; a forward pass uses the newest weights at least version ``e - 1 - S``; an
 interval starts epoch ``e`` only when ``e <= min_epoch + S``. Weight stashing keeps each
-interval's backward on the version its forward used."""
+interval's backward on the version its forward used. An interval's evaluation pass of epoch
+``e`` runs beside its training pass of ``e + 1``, on buffers of its own."""
 
 from dataclasses import dataclass
 
@@ -18,6 +19,9 @@ class Async(Mode):
 
     def barrier_after_stage(self) -> bool:
         return False
+
+    def evaluates_beside_training(self) -> bool:
+        return True
 
 
 MODE = Async
