@@ -32,7 +32,8 @@ from typing import Any
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
-from dorylus.plan.calibration import Calibration, measure
+from dorylus.plan.calibration import Calibration
+from dorylus.plan.runtime import measure
 from dorylus.plan.planner import measured_epoch_s, plan_local, run_options
 from dorylus.training import run_training
 from common import machine_info, positive_int, write_json

@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from dorylus import atomic
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
     """Write ``result`` to ``path`` atomically (a temp file in the same directory, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_json(path, result, indent=1, mode=0o644)
 
 
 def machine_info(load_before: tuple[float, ...], load_after: tuple[float, ...]) -> dict[str, Any]:

@@ -6,12 +6,13 @@ import argparse
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
+from typing import Iterable
 
 from dorylus import __version__
-from dorylus.errors import ConfigError, DorylusError
+from dorylus.commandline import ROLE_HELP, run
+from dorylus.errors import ConfigError
 from dorylus.models import MODELS
 
 
@@ -21,17 +22,6 @@ def _stderr_progress(message: str) -> None:
 
 def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-_ctrl_c_seen = False
-
-
-def _on_ctrl_c(signum: int, frame) -> None:
-    """Python's default SIGINT behaviour, remembered: C code importing a module may swallow the
-    KeyboardInterrupt and raise ImportError in its place (numpy's ``PyCapsule_Import`` does)."""
-    global _ctrl_c_seen
-    _ctrl_c_seen = True
-    raise KeyboardInterrupt
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -269,16 +259,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# `dorylus --help` lists every command by these lines without importing what each one needs.
+COMMAND_HELP = {
+    "train": "train a GNN; writes a run directory",
+    "keys": "make CURVE key pairs for the roles of a cluster",
+    "partition": "partition a dataset into a partition store",
+    "inspect": "verify a partition store and print its statistics",
+    "generate": "generate a synthetic dataset preset (.npz, or a dataset directory)",
+    "package-lambda": "build the AWS Lambda function zip (numpy + pyzmq + lambdas/)",
+    "upload": "upload a partition store to S3, verifying every object's checksum",
+    "report": "plot one or more runs and compare their time, dollars and value",
+    "plan": "predict epoch time, dollars and value of lambda, CPU and GPU configurations",
+    **ROLE_HELP,
+}
+
+
+def _add_train(sub) -> None:
     from dorylus.config import add_config_arguments
 
-    parser = argparse.ArgumentParser(
-        prog="dorylus", description="Dorylus: full-graph GNN training on CPU graph servers and serverless functions."
-    )
-    parser.add_argument("--version", action="version", version=f"dorylus {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    train = sub.add_parser("train", help="train a GNN; writes a run directory",
+    train = sub.add_parser("train", help=COMMAND_HELP["train"],
                            description="Train a GNN full-graph. Options come from the defaults, then --config, "
                                        "then flags. Writes config.json, metrics.jsonl, checkpoint.pt and summary.json "
                                        "into the run directory.")
@@ -295,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --cluster: how long to wait for servers that are still starting (default: 120)")
     train.set_defaults(func=cmd_train)
 
-    keys = sub.add_parser("keys", help="make CURVE key pairs for the roles of a cluster",
+
+def _add_keys(sub) -> None:
+    keys = sub.add_parser("keys", help=COMMAND_HELP["keys"],
                           description="Write a new CURVE key pair for each role (coordinator, graphserver, paramserver, "
                                       "function) into DIR as <role>.public and <role>.secret (Z85 text, mode 0600), and "
                                       "curve.tfvars.json with all of them as the Terraform module's curve_public_keys "
@@ -306,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="directory to write into (created mode 0700 if missing)")
     keys.set_defaults(func=cmd_keys)
 
-    part = sub.add_parser("partition", help="partition a dataset into a partition store",
+
+def _add_partition(sub) -> None:
+    part = sub.add_parser("partition", help=COMMAND_HELP["partition"],
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Partition a dataset and write the partition store (meta.json + part-<i>/), "
                                       "then print per-partition statistics and the replication factor.\n\n"
@@ -349,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="store the features as CSR: 'auto' (default) when a part's density is below 0.1")
     part.set_defaults(func=cmd_partition)
 
-    inspect = sub.add_parser("inspect", help="verify a partition store and print its statistics",
+
+def _add_inspect(sub) -> None:
+    inspect = sub.add_parser("inspect", help=COMMAND_HELP["inspect"],
                              description="Load a partition store, verify format version and checksums and that "
                                          "every label on a train, val or test vertex is in [0, num_classes), and "
                                          "print per-partition statistics (owned vertices, edges, ghosts, send volume).")
@@ -362,9 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
         inspect.add_argument(flag, type=int, help=f"with --model: {what} (default: train's)")
     inspect.set_defaults(func=cmd_inspect)
 
+
+def _add_generate(sub) -> None:
     from dorylus.data.synthetic import preset_names, streamed_preset_names
 
-    gen = sub.add_parser("generate", help="generate a synthetic dataset preset (.npz, or a dataset directory)",
+    gen = sub.add_parser("generate", help=COMMAND_HELP["generate"],
                          description="Generate a seeded synthetic graph (a preset). In-memory presets "
                                      f"({', '.join(preset_names())}) are saved as .npz; streamed presets "
                                      f"({', '.join(streamed_preset_names())}) are written to a dataset directory "
@@ -381,7 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="streamed presets: replace an existing directory (an .npz is always replaced)")
     gen.set_defaults(func=cmd_generate)
 
-    pack = sub.add_parser("package-lambda", help="build the AWS Lambda function zip (numpy + pyzmq + lambdas/)",
+
+def _add_package_lambda(sub) -> None:
+    pack = sub.add_parser("package-lambda", help=COMMAND_HELP["package-lambda"],
                           description="Build the function's deployment zip: manylinux wheels of numpy and pyzmq for "
                                       "the Lambda runtime's Python and architecture, plus lambdas/ and the torch-free "
                                       "dorylus modules the handler imports. Reproducible (same bytes when built "
@@ -400,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "or ~/.cache/dorylus/wheels)")
     pack.set_defaults(func=cmd_package_lambda)
 
-    upload = sub.add_parser("upload", help="upload a partition store to S3, verifying every object's checksum",
+
+def _add_upload(sub) -> None:
+    upload = sub.add_parser("upload", help=COMMAND_HELP["upload"],
                             description="Upload a partition store directory to s3://BUCKET/PREFIX (multipart for "
                                         "large files, SHA-256 checksums checked by S3 on every part and compared "
                                         "afterwards with meta.json's). meta.json goes last, so a reader never sees "
@@ -412,7 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="another S3 endpoint (default: AWS, or $AWS_ENDPOINT_URL_S3)")
     upload.set_defaults(func=cmd_upload)
 
-    report = sub.add_parser("report", help="plot one or more runs and compare their time, dollars and value",
+
+def _add_report(sub) -> None:
+    report = sub.add_parser("report", help=COMMAND_HELP["report"],
                             description="Write a report directory (RUN_DIR/report of the first run, or --out): "
                                         "index.md with PNG plots of the runs: loss and accuracy "
                                         "against epoch, wall time and dollars; seconds per epoch by task kind; "
@@ -424,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="report directory, replaced if it exists (default: RUN_DIR/report of the first run)")
     report.set_defaults(func=cmd_report)
 
-    plan = sub.add_parser("plan", help="predict epoch time, dollars and value of lambda, CPU and GPU configurations",
+
+def _add_plan(sub) -> None:
+    plan = sub.add_parser("plan", help=COMMAND_HELP["plan"],
                           description="Calibrate this machine (Gather, matmul and dropout rates of one thread, ZeroMQ "
                                       "loopback, the emulator's invoke latency, a GPU's rates when CUDA is present) "
                                       "or read a saved calibration, then predict one GCN epoch: by default for "
@@ -435,28 +450,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     plan.set_defaults(func=cmd_plan)
-    from dorylus import emulator, paramserver
-    from graphserver import server as graphserver
 
-    for name, module, help_text in (
-        ("graphserver", graphserver, "run one graph server (started by `dorylus train`; for AWS mode by hand)"),
-        ("paramserver", paramserver, "run the parameter server (started by `dorylus train`; for AWS mode by hand)"),
-        ("lambda-emulator", emulator, "serve the AWS Lambda Invoke API locally, running functions in worker processes"),
-    ):
-        role = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(role)
-        role.set_defaults(func=module.run_from_args)
+
+def _add_role(sub, name: str, module) -> None:
+    role = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+    module.add_arguments(role)
+    role.set_defaults(func=module.run_from_args)
+
+
+def _add_graphserver(sub) -> None:
+    from graphserver import server
+
+    _add_role(sub, "graphserver", server)
+
+
+def _add_paramserver(sub) -> None:
+    from dorylus import paramserver
+
+    _add_role(sub, "paramserver", paramserver)
+
+
+def _add_lambda_emulator(sub) -> None:
+    from dorylus import emulator
+
+    _add_role(sub, "lambda-emulator", emulator)
+
+
+_ADDERS = {
+    "train": _add_train, "keys": _add_keys, "partition": _add_partition, "inspect": _add_inspect,
+    "generate": _add_generate, "package-lambda": _add_package_lambda, "upload": _add_upload, "report": _add_report,
+    "plan": _add_plan, "graphserver": _add_graphserver, "paramserver": _add_paramserver,
+    "lambda-emulator": _add_lambda_emulator,
+}
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The ``dorylus`` parser. Every command is listed; only those in ``commands`` (default:
+    all) get their options, and so import their modules: ``dorylus paramserver`` imports no
+    other role, ``dorylus keys`` not torch."""
+    parser = argparse.ArgumentParser(
+        prog="dorylus", description="Dorylus: full-graph GNN training on CPU graph servers and serverless functions."
+    )
+    parser.add_argument("--version", action="version", version=f"dorylus {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, add in _ADDERS.items():
+        if commands is None or name in commands:
+            add(sub)
+        else:
+            sub.add_parser(name, help=COMMAND_HELP[name])
     return parser
-
-
-def _forget_escaped_interrupt() -> None:
-    """CPython remembers a KeyboardInterrupt that escaped code run through ``PyRun_String`` (native
-    code on the torch import path runs some) and at exit kills the process with SIGINT, whatever
-    status main returned: about one Ctrl-C in ten during `train`'s imports ended with -2, not 130.
-    An empty ``PyRun_SimpleString`` resets that memory."""
-    import ctypes
-
-    ctypes.pythonapi.PyRun_SimpleString(b"")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,29 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     # Named before parsing so that a Ctrl-C while the parser's modules import still says whose it is.
     command = next((a for a in argv if not a.startswith("-")), None)
     prog = f"dorylus {command}" if command else "dorylus"
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_ctrl_c) if in_main_thread else None
-    try:
-        args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        args = build_parser([command] if command else []).parse_args(argv)
         return args.func(args)
-    except DorylusError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    except Exception:
-        if not _ctrl_c_seen:
-            raise
-        return _interrupted(prog)  # the interrupt, turned into another error by native code
-    except KeyboardInterrupt:
-        return _interrupted(prog)
-    finally:
-        if in_main_thread and previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
-
-def _interrupted(prog: str) -> int:
-    print(f"{prog}: interrupted", file=sys.stderr)
-    _forget_escaped_interrupt()
-    return 130
+    return run(prog, body)
 
 
 if __name__ == "__main__":

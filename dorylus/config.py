@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
+from graphserver.backends import BACKENDS  # the registry only: a backend's module (torch) loads on use
 
 # dorylus.partition.placement.CHOICES (a test holds them equal; importing it here would load the store)
 PARTITION_METHODS = ("auto", "metis", "random", "contiguous", "ldg", "fennel")
 
-MEMORY_RANGE_MB = (128, 10240)  # what Lambda accepts
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices the gpu backend runs on
-MAX_TIMEOUT_S = 900.0           # Lambda's longest function timeout
 # Intervals per graph server: each is a function call per stage, a thread and a slot in the
 # scheduler; beyond this the calls cost more invokes than any overlap repays (a part with fewer
 # owned vertices than intervals gets one interval per vertex).
@@ -121,7 +121,7 @@ class _Config:
     backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
                         "(local emulator), 'cpu' = in the graph servers, 'gpu' = in the graph servers on a torch "
                         "device (--device), Gather and Scatter included, 'reference' = single-process PyTorch",
-                        ("lambda", "cpu", "gpu", "reference"))
+                        (*BACKENDS, "reference"))
     device: str = _opt("cuda", "gpu backend: the torch device every graph server keeps its partition on and computes "
                        "on: 'cuda' (the current CUDA device), 'cuda:N', or 'cpu' (torch's CPU kernels; for "
                        "machines without a GPU and for tests)")

@@ -42,6 +42,7 @@ from typing import Any
 import zmq
 from zmq.utils import z85
 
+from dorylus import atomic
 from dorylus.errors import ConfigError
 
 ROLES = ("coordinator", "graphserver", "paramserver", "function")
@@ -216,10 +217,8 @@ def write_keys(out: str | os.PathLike) -> list[Path]:
     written: list[Path] = []
     try:
         for path, text in files.items():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            atomic.write_text(path, text, mode=0o600, exclusive=True)
             written.append(path)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
     except OSError as exc:
         for path in written:
             path.unlink(missing_ok=True)

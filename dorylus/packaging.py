@@ -26,11 +26,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dorylus import atomic
 from dorylus.errors import ConfigError, DorylusError
 
 ZIP_LIMIT_BYTES = 50 * 1024 * 1024          # Lambda: deployment package, direct upload
@@ -429,11 +429,10 @@ def build_bundle(out: Path, wheels: list[Path], *, root: Path = ROOT, entry: str
         raise ConfigError(f"--out {out} is a directory; give the zip's file name")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: directory {out.parent} does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    tmp = Path(tmp_name)
     unzipped = 0
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
+    # 0644: the zip is uploaded and shared, not a secret.
+    with atomic.writing(out, mode=0o644) as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
             open_wheels: dict[Path, zipfile.ZipFile] = {}
             try:
                 for name in sorted(sources):
@@ -456,16 +455,11 @@ def build_bundle(out: Path, wheels: list[Path], *, root: Path = ROOT, entry: str
             finally:
                 for w in open_wheels.values():
                     w.close()
-        size = tmp.stat().st_size
+        size = f.tell()
         if size > zip_limit:
             raise BundleError(f"the bundle is {size:,} bytes zipped, over the {zip_limit:,} bytes Lambda "
                               f"accepts as a direct upload; nothing written")
-        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
     return Bundle(path=out, zipped_bytes=size, unzipped_bytes=unzipped, sha256=digest, entries=len(sources),
                   left_out=walk.left_out)
 

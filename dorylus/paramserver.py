@@ -110,10 +110,10 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from dorylus import curve, sockets, spot
+from dorylus import atomic, curve, sockets, spot
 from dorylus.endpoints import advertised_endpoint, check_endpoint
+from dorylus.commandline import role_main
 from dorylus.errors import ConfigError, DorylusError
-from dorylus.runs import atomic_write_text
 from dorylus.models.base import param_key
 from dorylus.models.spec import ModelSpec
 from dorylus.roleopts import add_server_arguments, server_options, watch_parent
@@ -692,7 +692,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     watcher = spot.start_from_args(args, lambda notice: None, "paramserver")
     try:
         if args.ready_file:
-            atomic_write_text(Path(args.ready_file), server.endpoint + "\n")
+            atomic.write_text(Path(args.ready_file), server.endpoint + "\n")
         print(f"paramserver listening on {server.endpoint}"
               + (f", advertised as {server.advertised}" if server.advertised != server.endpoint else "")
               + (", CURVE on" if keys is not None else ""), flush=True)
@@ -710,9 +710,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dorylus.paramserver ...``: the same parser and one-line errors as ``dorylus paramserver``."""
-    from dorylus.cli import main as cli_main
-
-    return cli_main(["paramserver", *(sys.argv[1:] if argv is None else argv)])
+    return role_main("paramserver", add_arguments, run_from_args, argv)
 
 
 if __name__ == "__main__":

@@ -56,13 +56,9 @@ class RemoteStore:
 
 def remote_store(url: str) -> RemoteStore:
     """``meta.json`` of the store at ``url`` (``s3://`` or a directory), without any part."""
-    if url.startswith("s3://"):
-        from dorylus.partition.s3 import read_store_meta
+    from dorylus.partition import read_meta
 
-        return RemoteStore(url, read_store_meta(url))
-    from dorylus.partition import open_store
-
-    return RemoteStore(url, open_store(url, verify=False).meta)
+    return RemoteStore(url, read_meta(url))
 
 
 @dataclasses.dataclass(frozen=True)

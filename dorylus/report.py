@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from dorylus import atomic
 from dorylus.cost import COMPONENTS
 from dorylus.errors import ConfigError
 
@@ -326,10 +325,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
     import matplotlib
 
     matplotlib.use("Agg")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic.building_dir(out) as tmp:
         notes: list[str] = []
         steps = [
             ("loss.png", lambda p: plot_curves(runs, p, [("loss", "")], "training loss")),
@@ -342,12 +338,5 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None,
             say(f"plotting {name} ({i}/{len(steps)})")
             draw(tmp / name)
         (tmp / "index.md").write_text(index_markdown(runs, notes))
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     say(f"wrote {out / 'index.md'} and {len(PLOTS)} plots")
     return out

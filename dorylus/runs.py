@@ -10,28 +10,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable
+from typing import IO, Any
 
 import numpy as np
 
+from dorylus import atomic
 from dorylus.errors import ConfigError
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(f)`` into a temporary file beside ``path``, flushed to disk, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def default_run_dir(dataset: str, backend: str) -> Path:
@@ -90,7 +74,7 @@ class RunDir:
     def __init__(self, path: Path, config: dict[str, Any]):
         self.path = path
         self.config = config
-        atomic_write_text(self.path / "config.json", json.dumps(config, indent=2) + "\n")
+        atomic.write_json(self.path / "config.json", config)
         self._metrics: IO[str] = open(self.path / "metrics.jsonl", "a")
 
     @classmethod
@@ -105,7 +89,7 @@ class RunDir:
         are dropped, so that resuming never repeats an epoch in ``metrics.jsonl``."""
         path = Path(path)
         kept = [m for m in read_metrics(path) if m["epoch"] <= last_epoch] if (path / "metrics.jsonl").exists() else []
-        atomic_write_text(path / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
+        atomic.write_text(path / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in kept))
         return cls(path, config)
 
     def log_epoch(self, metrics: dict[str, Any]) -> None:
@@ -113,14 +97,14 @@ class RunDir:
         self._metrics.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.path / "summary.json", json.dumps({"config": self.config, **summary}, indent=2) + "\n")
+        atomic.write_json(self.path / "summary.json", {"config": self.config, **summary})
 
     def save_checkpoint(self, checkpoint: "Checkpoint") -> Path:
         import torch
 
         path = self.path / "checkpoint.pt"
-        atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, "config": self.config,
-                                                 **checkpoint.to_dict()}, f))
+        with atomic.writing(path) as f:
+            torch.save({"format": CHECKPOINT_FORMAT, "config": self.config, **checkpoint.to_dict()}, f)
         return path
 
     def close(self) -> None:

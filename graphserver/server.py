@@ -60,7 +60,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from dorylus import curve, protocol, sockets, spot
+from dorylus import atomic, curve, protocol, sockets, spot
 from dorylus.config import TrainConfig, load_config_file, server_view
 from dorylus.emulator.physics import NetPhysics
 from dorylus.endpoints import advertised_endpoint, check_endpoint
@@ -70,7 +70,6 @@ from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import open_store
 from dorylus.protocol import Bounds, Header, Op, ProtocolError
-from dorylus.runs import atomic_write_text
 from graphserver.invoker import TaskFailed
 from graphserver.modes import evaluation_apart, get_mode
 from graphserver.scheduler import PASSES, Scheduler
@@ -215,7 +214,7 @@ class GraphServer:
         self.ps = self.peer(self.param_server, "parameter server", "paramserver")
         self.ps_wait = self.peer(self.param_server, "parameter server", "paramserver")
         if ready_file:
-            atomic_write_text(Path(ready_file), self.endpoint)
+            atomic.write_text(Path(ready_file), self.endpoint)
         print(f"graph server {self.part_id} listening on {self.endpoint}"
               + (f", advertised as {self.advertised}" if self.advertised != self.endpoint else "")
               + (", CURVE on" if self.keys is not None else ""), flush=True)
@@ -768,8 +767,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from dorylus.cli import main
+def main(argv: list[str] | None = None) -> int:
+    """``python -m graphserver.server ...``: the same parser and one-line errors as ``dorylus graphserver``."""
+    from dorylus.commandline import role_main
 
-    # The same parser and the same one-line errors as `dorylus graphserver`.
-    sys.exit(main(["graphserver", *sys.argv[1:]]))
+    return role_main("graphserver", add_arguments, run_from_args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -207,13 +207,11 @@ class _ImportingParser:
 
 def test_an_interrupt_turned_into_import_error_is_still_one_line(monkeypatch, capsys):
     before = signal.getsignal(signal.SIGINT)
-    monkeypatch.setattr(cli, "_ctrl_c_seen", False)
-    monkeypatch.setattr(cli, "build_parser", lambda: _ImportingParser(ctrl_c=True))
+    monkeypatch.setattr(cli, "build_parser", lambda *commands: _ImportingParser(ctrl_c=True))
     assert cli.main(["train"]) == 130
     assert capsys.readouterr().err == "dorylus train: interrupted\n"
     # Without Ctrl-C, an import error is not mistaken for one.
-    monkeypatch.setattr(cli, "_ctrl_c_seen", False)
-    monkeypatch.setattr(cli, "build_parser", lambda: _ImportingParser(ctrl_c=False))
+    monkeypatch.setattr(cli, "build_parser", lambda *commands: _ImportingParser(ctrl_c=False))
     with pytest.raises(ImportError, match="a real import error"):
         cli.main(["train"])
     assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back

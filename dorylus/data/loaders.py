@@ -105,7 +105,6 @@ import io
 import os
 import json
 import re
-import tempfile
 import warnings
 import zipfile
 import zlib
@@ -115,6 +114,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dorylus import atomic
 from dorylus.data.graph import MASK_NAMES, GraphDataset, check_features_form
 from dorylus.errors import DatasetError
 
@@ -308,20 +308,8 @@ def save_npz(dataset: GraphDataset, path: PathLike, *, compress: bool = False) -
         directed=np.bool_(dataset.directed),
         name=np.str_(dataset.name),
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            (np.savez_compressed if compress else np.savez)(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic.writing(path, mode=0o644) as f:  # a dataset is meant to be shared
+        (np.savez_compressed if compress else np.savez)(f, **arrays)
 
 
 # --------------------------------------------------------------------------------------------

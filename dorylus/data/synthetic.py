@@ -435,9 +435,10 @@ first ``M`` entries of ``src``/``dst`` are the pairs ``u < v`` sorted by ``(u, v
 import json as _json
 import os as _os
 import shutil as _shutil
-import tempfile as _tempfile
 from dataclasses import asdict as _asdict
 from pathlib import Path as _Path
+
+from dorylus import atomic as _atomic
 
 # Sources per block: the unit of the streamed generator's random keys and pair targets. Fixed,
 # so the output never depends on the write chunk. 4096 keeps a block's draws at ~100K pairs for
@@ -718,7 +719,7 @@ def write_streamed(
     else:
         chunk_blocks = max(1, -(-int(chunk_vertices) // block))
 
-    tmp = _Path(_tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = _atomic.temp_dir_beside(out, mode=0o755)
     try:
         ids = ids_dtype(n)
         src_out, dst_out = _NpyOut(tmp / "src.npy", ids, (2 * m,)), _NpyOut(tmp / "dst.npy", ids, (2 * m,))
@@ -790,10 +791,7 @@ def write_streamed(
         (tmp / DATASET_META).write_text(_json.dumps(meta, indent=1) + "\n")
         for child in tmp.iterdir():
             _os.chmod(child, 0o644)
-        _os.chmod(tmp, 0o755)
-        if out.exists():
-            _shutil.rmtree(out)
-        _os.replace(tmp, out)
+        _atomic.replace_dir(tmp, out)
     except BaseException:
         _shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -92,7 +92,7 @@ from dorylus.emulator.faults import FAULT_KINDS, FaultPlan
 from dorylus.emulator.physics import AWS_LIKE, Physics
 from dorylus.emulator.pool import Outcome, WorkerPool
 from dorylus.endpoints import check_port
-from dorylus.config import MAX_TIMEOUT_S, MEMORY_RANGE_MB
+from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.errors import ConfigError
 
 logger = logging.getLogger("dorylus.emulator")

@@ -30,13 +30,13 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from dorylus.errors import ConfigError, StoreError
-from dorylus.partition.store import META_FILE, PartitionStore, StoreMeta, open_store
+from dorylus import atomic
+from dorylus.partition.store import META_FILE, PartitionStore, StoreMeta, open_dir
 
 MiB = 1024 * 1024
 # Part size and threshold for multipart transfers: big enough that a multi-GB feature file is a
@@ -137,7 +137,7 @@ def upload_store(store_dir: str | os.PathLike, url: str, *, endpoint_url: str | 
 
     bucket, prefix = parse_s3_url(url)
     url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-    store = open_store(store_dir, verify=True)
+    store = open_dir(store_dir, verify=True)
     client, transfer = s3_client(endpoint_url), transfer_config(part_bytes)
     with _s3_errors(f"s3://{bucket}", missing="no such bucket (or no access to it)"):
         client.head_bucket(Bucket=bucket)
@@ -207,7 +207,7 @@ def read_store_meta(url: str, *, endpoint_url: str | None = None) -> StoreMeta:
 def fetch_store(url: str, *, parts: Iterable[int] | None = None, cache_dir: str | os.PathLike | None = None,
                 endpoint_url: str | None = None, progress: Callable[[str], None] | None = None) -> Path:
     """Download the store at ``url`` (only ``parts``, default all) into the local cache and
-    return the local store directory, ready for :func:`~dorylus.partition.store.open_store`.
+    return the local store directory, ready for :func:`~dorylus.partition.store.open_dir`.
 
     Parts already in the cache entry are not downloaded again. Everything new is downloaded
     into a temp directory, verified against ``meta.json``, then renamed into place, so a
@@ -227,7 +227,7 @@ def fetch_store(url: str, *, parts: Iterable[int] | None = None, cache_dir: str 
     if root.is_dir() and not missing:
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache))
+    tmp = atomic.temp_dir_beside(root, mode=0o700)
     try:
         (tmp / META_FILE).write_text(text)
         for i in missing:

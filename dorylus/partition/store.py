@@ -47,7 +47,7 @@ would cost as much as partitioning again.
 
 Writing is atomic and part by part (:class:`StoreWriter`, which :func:`write_store` drives):
 everything goes to a temp directory next to the target, which is renamed into place only when
-complete. Verification of sha256 checksums happens in :func:`open_store` (all parts,
+complete. Verification of sha256 checksums happens in :func:`open_dir` (all parts,
 ``verify=True``) or per part with :meth:`PartitionStore.verify`; :meth:`load_part` always checks
 presence, dtypes, shapes and index ranges (cheap relative to training).
 """
@@ -58,15 +58,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
-import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from dorylus import __version__
+from dorylus import __version__, atomic
 from dorylus.data.graph import MASK_NAMES, GraphDataset
 from dorylus.errors import ConfigError, StoreError
 from dorylus.models.sparse import SPARSE_MODES, SparseRows, density, index_dtype, use_sparse
@@ -250,7 +248,7 @@ def _sha256_file(path: Path) -> str:
 
 
 class PartitionStore:
-    """An opened partition store: ``meta`` plus per-part loading. Create with :func:`open_store`."""
+    """An opened partition store: ``meta`` plus per-part loading. Create with :func:`open_dir`."""
 
     def __init__(self, path: Path, meta: StoreMeta):
         self.path = path
@@ -369,17 +367,12 @@ class PartitionStore:
         )
 
 
-def open_store(path: str | os.PathLike, verify: bool = True, *, parts: Iterable[int] | None = None) -> PartitionStore:
+def open_dir(path: str | os.PathLike, verify: bool = True, *, parts: Iterable[int] | None = None) -> PartitionStore:
     """Open a partition store directory: parse and check ``meta.json`` (format version, keys,
     file list) and, with ``verify=True``, the sha256 of every file (a few seconds per GB), or
     of ``parts`` only. With ``verify=False`` call :meth:`PartitionStore.verify` for the parts
-    you load. ``path`` may be ``s3://BUCKET/PREFIX``: the store (``parts`` only, default all)
-    is then fetched into the local cache first (:mod:`dorylus.partition.s3`)."""
+    you load. :func:`dorylus.partition.open_store` opens an ``s3://`` URL too."""
     parts = None if parts is None else list(parts)
-    if isinstance(path, str) and path.startswith("s3://"):
-        from dorylus.partition.s3 import fetch_store
-
-        path = fetch_store(path, parts=parts)
     root = Path(path)
     meta_path = root / META_FILE
     if not meta_path.is_file():
@@ -438,26 +431,6 @@ def check_store_target(out: Path, overwrite: bool) -> None:
         raise StoreError(f"refusing to overwrite non-empty directory {out} (--overwrite, or overwrite=True, replaces a partition store)")
     if not (out / META_FILE).is_file():
         raise StoreError(f"refusing to replace {out}: it is not a partition store (no {META_FILE})")
-
-
-def _install(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the complete ``tmp`` to ``out``; an old store is moved aside first, then deleted."""
-    check_store_target(out, overwrite)
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    if not any(out.iterdir()):
-        os.rmdir(out)
-        os.rename(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- vertex order
@@ -565,7 +538,7 @@ class StoreWriter:
     def __enter__(self) -> "StoreWriter":
         check_store_target(self.out, self.overwrite)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        self.tmp = atomic.temp_dir_beside(self.out, mode=0o700)
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
@@ -739,7 +712,8 @@ class StoreWriter:
             raise ConfigError(f"partition store {self.out}: the parts own {sum(e['num_owned'] for e in self._entries)} "
                               f"vertices, num_nodes is {self.num_nodes}")
         (self.tmp / META_FILE).write_text(self.meta.to_json())
-        _install(self.tmp, self.out, self.overwrite)
+        check_store_target(self.out, self.overwrite)  # again: another process may have written it meanwhile
+        atomic.replace_dir(self.tmp, self.out)
         self.say(f"wrote partition store {self.out}: {self.num_parts} parts, {self.num_nodes} vertices, "
                  f"{nnz} A_hat entries")
         return self.meta

@@ -196,12 +196,12 @@ class Calibration:
             raise ConfigError(f"{where}: not a valid calibration: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        from dorylus.runs import atomic_write_text
+        from dorylus import atomic
 
         path = Path(path)
         if path.parent and not path.parent.is_dir():
             raise ConfigError(f"cannot save the calibration to {path}: {path.parent} is not a directory")
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic.write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -517,39 +517,3 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def measure(progress: Callable[[str], None] = lambda message: None, emulator: bool = True,
-            runtime: bool = True) -> Calibration:
-    """Calibrate this machine (about 30 s): CPU rates, loopback, invoke overhead (unless
-    ``emulator`` is False), the GPU's rates when CUDA is present, and (``runtime``) the
-    runtime's cost per stage and call from training a tiny graph."""
-    progress("calibrating CPU rates (one thread: Gather, matmul, dropout, GAT's edge work) ...")
-    cpu = measure_cpu()
-    curve = ", ".join(f"{rate:.3g} at {size / 2 ** 20:.0f} MB" for size, rate in cpu.gather)
-    progress(f"  gather {curve} (entries x width/s), matmul {cpu.matmul_per_s:.3g} MAC/s, "
-             f"dropout {cpu.dropout_per_s:.3g} elements/s, without {cpu.elementwise_per_s:.3g}, "
-             f"softmax {cpu.softmax_per_s:.3g} logits/s, attention {cpu.attention_per_s[0]:.3g} and "
-             f"{cpu.attention_per_s[1]:.3g} edges x heads/s forward and backward")
-    progress("calibrating ZeroMQ loopback ...")
-    bandwidth, round_trip = zmq_loopback()
-    progress(f"  {bandwidth / 1e9:.2f} GB/s, round trip {round_trip * 1e6:.0f} us")
-    invoke = None
-    if emulator:
-        progress("calibrating the Lambda emulator's invoke round trip ...")
-        invoke = invoke_overhead()
-        progress(f"  {invoke * 1e3:.2f} ms per call")
-    gpu = gpu_rates()
-    if gpu is not None:
-        progress(f"calibrated GPU {gpu[1]}: gather {gpu[0].gather_per_s(2 ** 28):.3g}/s at 256 MB, "
-                 f"matmul {gpu[0].matmul_per_s:.3g}/s")
-    calibration = Calibration(host=cpu_model(), cores=len(os.sched_getaffinity(0)),
-                              measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cpu=cpu,
-                              loopback_bytes_per_s=bandwidth, round_trip_s=round_trip, invoke_s=invoke,
-                              gpu=gpu[0] if gpu else None, gpu_name=gpu[1] if gpu else None)
-    if runtime:
-        from dorylus.plan.runtime import overheads
-
-        progress("calibrating the runtime's cost per stage and call ...")
-        calibration = overheads(calibration, progress, lambda_backend=emulator)
-    return calibration

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from dorylus.errors import ConfigError
 from dorylus.models import MODELS
-from dorylus.plan.calibration import Calibration, measure
+from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import WORKLOADS
 from dorylus.plan.model import BACKENDS, MODES, Prediction, graph_bytes
+from dorylus.plan.runtime import measure
 from dorylus.plan.planner import (
     LocalOptions, ScaleOptions, SpotOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options,
     spot_estimate, to_json,
@@ -134,9 +135,9 @@ def run_from_args(args: argparse.Namespace, out=None) -> int:
         predictions = _scale(args, calibration, out)
     estimates = None if spot is None else _spot(predictions, spot, out)
     if args.json is not None:
-        from dorylus.runs import atomic_write_text
+        from dorylus import atomic
 
-        atomic_write_text(args.json, to_json(predictions, calibration, estimates))
+        atomic.write_text(args.json, to_json(predictions, calibration, estimates))
     return 0
 
 

@@ -24,18 +24,24 @@ it is while calibrating, other work included: predictions are for runs under the
 The model counts input features as dense; these graphs' features are about 7.5% non-zero, so
 runs keep them sparse (``--sparse-features auto``) and ``contention`` absorbs the difference for
 graphs of like density, not for dense ones.
+
+:func:`measure` takes a whole calibration: the rates of :mod:`dorylus.plan.calibration`, then
+these costs on top of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
-from dorylus.plan.calibration import Calibration
+from dorylus.plan.calibration import (Calibration, cpu_model, gpu_rates, invoke_overhead, measure_cpu,
+                                      zmq_loopback)
 
 EPOCHS = 8
 MAX_CONTENTION = 20.0
@@ -117,3 +123,37 @@ def overheads(calibration: Calibration, progress: Callable[[str], None] = lambda
     progress(f"  work takes {contention:.2f}x its kernels' time, {stage_s * 1e3:.2f} ms per stage"
              + (f", {call_s * 1e3:.2f} ms more per function call" if call_s is not None else ""))
     return dataclasses.replace(calibration, contention=contention, stage_s=stage_s, call_s=call_s)
+
+
+def measure(progress: Callable[[str], None] = lambda message: None, emulator: bool = True,
+            runtime: bool = True) -> Calibration:
+    """Calibrate this machine (about 30 s): CPU rates, loopback, invoke overhead (unless
+    ``emulator`` is False), the GPU's rates when CUDA is present, and (``runtime``) the
+    runtime's cost per stage and call from training a tiny graph."""
+    progress("calibrating CPU rates (one thread: Gather, matmul, dropout, GAT's edge work) ...")
+    cpu = measure_cpu()
+    curve = ", ".join(f"{rate:.3g} at {size / 2 ** 20:.0f} MB" for size, rate in cpu.gather)
+    progress(f"  gather {curve} (entries x width/s), matmul {cpu.matmul_per_s:.3g} MAC/s, "
+             f"dropout {cpu.dropout_per_s:.3g} elements/s, without {cpu.elementwise_per_s:.3g}, "
+             f"softmax {cpu.softmax_per_s:.3g} logits/s, attention {cpu.attention_per_s[0]:.3g} and "
+             f"{cpu.attention_per_s[1]:.3g} edges x heads/s forward and backward")
+    progress("calibrating ZeroMQ loopback ...")
+    bandwidth, round_trip = zmq_loopback()
+    progress(f"  {bandwidth / 1e9:.2f} GB/s, round trip {round_trip * 1e6:.0f} us")
+    invoke = None
+    if emulator:
+        progress("calibrating the Lambda emulator's invoke round trip ...")
+        invoke = invoke_overhead()
+        progress(f"  {invoke * 1e3:.2f} ms per call")
+    gpu = gpu_rates()
+    if gpu is not None:
+        progress(f"calibrated GPU {gpu[1]}: gather {gpu[0].gather_per_s(2 ** 28):.3g}/s at 256 MB, "
+                 f"matmul {gpu[0].matmul_per_s:.3g}/s")
+    calibration = Calibration(host=cpu_model(), cores=len(os.sched_getaffinity(0)),
+                              measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cpu=cpu,
+                              loopback_bytes_per_s=bandwidth, round_trip_s=round_trip, invoke_s=invoke,
+                              gpu=gpu[0] if gpu else None, gpu_name=gpu[1] if gpu else None)
+    if runtime:
+        progress("calibrating the runtime's cost per stage and call ...")
+        calibration = overheads(calibration, progress, lambda_backend=emulator)
+    return calibration

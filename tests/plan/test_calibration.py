@@ -87,7 +87,7 @@ def test_attention_rates_are_measured_on_this_machine():
 
 def test_measure_without_emulator_or_runtime(monkeypatch):
     progress = []
-    calibration = cal_module.measure(progress.append, emulator=False, runtime=False)
+    calibration = runtime.measure(progress.append, emulator=False, runtime=False)
     assert calibration.invoke_s is None and calibration.call_s is None and calibration.stage_s == 0
     assert calibration.cores >= 1 and calibration.cpu.matmul_per_s > 0
     assert any("gather" in line for line in progress)
