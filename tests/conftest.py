@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from dorylus.data.graph import GraphDataset
 from tests.graphs import shared_data
+
+# The suite's own process computes with one torch thread: its kernels are small, and on a shared
+# or busy machine a second OpenMP thread spins for a core it does not get (200 reference epochs on
+# synthetic-small: 0.03 CPU-s per epoch on one thread, 0.33 on two at load 10). Tests of
+# multi-threaded code set their thread count themselves; the roles a test starts pick their own.
+torch.set_num_threads(1)
 
 
 @pytest.fixture
