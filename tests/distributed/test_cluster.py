@@ -44,6 +44,8 @@ def test_a_call_that_always_fails_runs_on_its_graph_server(tmp_path):
     assert summary["gradients"]["applied"] == 2 * 2 * 2 * 3  # parts x intervals x layers x epochs
     logs = "".join((tmp_path / "run" / "logs" / f"graphserver-{i}.log").read_text() for i in range(2))
     assert "running on this server: AV_BWD interval 1 epoch 2" in logs and "injected failure" in logs
+    ps_log = (tmp_path / "run" / "logs" / "paramserver.log").read_text()
+    assert "CURVE on" not in logs + ps_log  # without --curve (test_local_curve.py's run says it is on)
     assert not wait_gone(children_of(os.getpid()) - before, 20), "the run left processes behind"
 
 

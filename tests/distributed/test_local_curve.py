@@ -1,5 +1,7 @@
 """``--curve`` in local mode: every connection of the run is CURVE (ephemeral keys in the run
-directory, removed at the end), and the run equals the same run without it, epoch by epoch."""
+directory, removed at the end), and the run equals the single-process reference, epoch by epoch
+(loss to 1e-5 relative, accuracy within one vertex, as test_sync_exactness.py holds every backend
+to). A plain run's logs say no CURVE: test_cluster.py's lambda run checks that."""
 
 from __future__ import annotations
 
@@ -13,21 +15,22 @@ from dorylus.training import run_training
 from tests.graphs import random_graph
 
 
-def test_a_curve_run_equals_a_plain_run(tmp_path):
+def test_a_curve_run_equals_the_reference(tmp_path):
     graph = random_graph(num_nodes=70, num_edges=250, num_features=5, num_classes=3)
     runs = {}
-    for curve in (False, True):
-        run = tmp_path / f"curve-{curve}"
-        config = TrainConfig(backend="lambda", parts=2, functions=2, hidden=4, epochs=3, curve=curve,
+    for backend in ("reference", "lambda"):
+        run = tmp_path / backend
+        config = TrainConfig(backend=backend, parts=2, functions=2, hidden=4, epochs=3, curve=backend == "lambda",
                              run_dir=str(run))
         run_training(config, graph, progress=io.StringIO())
-        runs[curve] = read_metrics(run)
-    logs = tmp_path / "curve-True" / "logs"
+        runs[backend] = read_metrics(run)
+    logs = tmp_path / "lambda" / "logs"
     for name in ("paramserver", "graphserver-0", "graphserver-1"):
         assert "CURVE on" in (logs / f"{name}.log").read_text(), name
-        assert "CURVE on" not in (tmp_path / "curve-False" / "logs" / f"{name}.log").read_text()
-    assert not (tmp_path / "curve-True" / "keys").exists()  # ephemeral: gone with the run
-    for plain, secure in zip(runs[False], runs[True], strict=True):
-        assert secure["loss"] == pytest.approx(plain["loss"], rel=1e-6), plain["epoch"]
-        assert (secure["train_acc"], secure["val_acc"], secure["test_acc"]) == \
-            (plain["train_acc"], plain["val_acc"], plain["test_acc"])
+    assert not (tmp_path / "lambda" / "keys").exists()  # ephemeral: gone with the run
+    assert [m["epoch"] for m in runs["lambda"]] == [1, 2, 3]
+    for want, got in zip(runs["reference"], runs["lambda"], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), want["epoch"]
+        for split in ("train", "val", "test"):
+            mask = getattr(graph, f"{split}_mask")
+            assert abs(got[f"{split}_acc"] - want[f"{split}_acc"]) * mask.sum() <= 1 + 1e-9, (split, want["epoch"])

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
+from dorylus.cli import main as cli_main
 from dorylus.runs import read_metrics
-from tests.distributed.background import EPOCHS, REPO, assert_same_epochs
+from tests.distributed.background import EPOCHS, assert_same_epochs
 from tests.processes import wait_gone
 
 KILL_AT = 3
@@ -66,13 +65,15 @@ def test_a_role_killed_twice_in_one_epoch_stops_the_run_with_a_checkpoint(traini
     assert not wait_gone(t.seen, 30), "processes left after the stopped run"
 
 
-def test_max_recoveries_is_validated_and_documented(tmp_path):
+def test_max_recoveries_is_validated_and_documented(tmp_path, capsys):
+    # In-process: the real command line's exit status and one-line error in a subprocess are
+    # tests/test_cli_errors.py's; here the option's bounds and its help.
     run_dir = tmp_path / "run"
     for bad in ("-1", "101"):
-        result = subprocess.run([sys.executable, "-m", "dorylus.cli", "train", "--max-recoveries", bad,
-                                 "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert "max_recoveries must be in [0, 100]" in result.stderr and not run_dir.exists()
-    helped = subprocess.run([sys.executable, "-m", "dorylus.cli", "train", "--help"], capture_output=True, text=True,
-                            cwd=REPO, timeout=120)
-    assert "--max-recoveries" in helped.stdout
+        assert cli_main(["train", "--max-recoveries", bad, "--run-dir", str(run_dir)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "max_recoveries must be in [0, 100]" in err and not run_dir.exists()
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["train", "--help"])
+    assert exited.value.code == 0 and "--max-recoveries" in capsys.readouterr().out
