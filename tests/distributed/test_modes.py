@@ -32,7 +32,7 @@ def _train(tmp_path, cora, name, **options):
 def test_async_keeps_its_bounds_and_stashes_weights(tmp_path, cora, monkeypatch, staleness):
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setenv("DORYLUS_TEST_CALLS", str(calls))
-    epochs, intervals = 25, 3
+    epochs, intervals = 15, 3  # 15: the bounds hold from the first epoch; the cost is the cluster's start
     summary, metrics = _train(tmp_path, cora, "run", backend="lambda", mode="async", staleness=staleness,
                               epochs=epochs, intervals=intervals, eval_every=5,
                               function_handler="tests.distributed.faulty_handler:recording_handler")
@@ -40,7 +40,10 @@ def test_async_keeps_its_bounds_and_stashes_weights(tmp_path, cora, monkeypatch,
     assert all(m["staleness_max"] <= staleness and m["weight_lag_max"] <= staleness + 1 for m in metrics)
     assert all(0 <= m["staleness_mean"] <= m["staleness_max"] for m in metrics)
     assert summary["gradients"] == {"applied": 2 * intervals * LAYERS * epochs, "dropped": 0}
-    assert metrics[-1]["loss"] < metrics[0]["loss"] * 0.9  # Cora at lr 0.01: 1.95 -> about 1.68 in 25 epochs
+    # Cora at lr 0.01, sync (the reference): epoch 15's loss is 0.92 of epoch 1's (0.84 at 25);
+    # async lags by up to S + 1 weight versions, and with no update at all the ratio stays near 1
+    ratio = metrics[-1]["loss"] / metrics[0]["loss"]
+    assert ratio < 0.95, ratio
 
     forward, backward = {}, defaultdict(list)
     for call in map(json.loads, calls.read_text().splitlines()):

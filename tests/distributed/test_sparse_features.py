@@ -1,6 +1,6 @@
 """Sparse input features end to end on Cora (1.3% non-zero): the lambda backend on 2 graph
-servers with CSR features (stored, pulled and multiplied sparse) equals the same run with dense
-features, and the reference's sparse path and the cpu backend's equal the dense reference,
+servers with CSR features (stored, pulled and multiplied sparse, moving far fewer bytes than
+dense rows), the reference's sparse path and the cpu backend's equal the dense reference,
 epoch by epoch: loss to 1e-5
 relative (float32 sums in another order), accuracy within one vertex (a float32 tie may flip an
 argmax)."""
@@ -41,17 +41,16 @@ def test_cora_sparse_features_equal_dense(tmp_path, cora):
     _assert_same(reference_sparse, reference_dense, cora)
 
     shape = dict(backend="lambda", parts=2, intervals=2, mode="sync")
-    dense = _run(tmp_path, cora, "lambda-dense", sparse_features="off", **shape)
     sparse = _run(tmp_path, cora, "lambda-sparse", sparse_features="auto", **shape)
-    _assert_same(sparse, dense, cora)
     _assert_same(sparse, reference_dense, cora)
     assert open_store(tmp_path / "lambda-sparse" / "partitions").meta.feature_layout(0) == "csr"
-    assert open_store(tmp_path / "lambda-dense" / "partitions").meta.feature_layout(0) == "dense"
     # Epoch 1 pulls X into the functions, at least once per interval (later epochs read their
-    # warm cache): CSR moves its non-zeros, 49K x 8 bytes (0.4 MB), instead of 2708 x 1433 x 4
-    # bytes (15.5 MB); a call on a cold container pulls again, hence only half of it for sure.
-    saved = dense[0]["bytes"]["functions"] - sparse[0]["bytes"]["functions"]
-    assert saved > 0.5 * cora.num_nodes * cora.num_features * 4, (dense[0]["bytes"], sparse[0]["bytes"])
+    # warm cache): CSR moves its non-zeros, 49K x 8 bytes (0.4 MB), where dense rows would be
+    # 2708 x 1433 x 4 bytes (15.5 MB) at least. So all of epoch 1's function traffic stays under
+    # half of dense X. (A dense run beside it cost a cluster start; sparse_features="off" writes
+    # dense parts: tests/partition/test_store.py.)
+    dense_x = cora.num_nodes * cora.num_features * 4
+    assert sparse[0]["bytes"]["functions"] < 0.5 * dense_x, (sparse[0]["bytes"], dense_x)
 
     cpu = _run(tmp_path, cora, "cpu-sparse", sparse_features="on", **{**shape, "backend": "cpu"})
     _assert_same(cpu, reference_dense, cora)
