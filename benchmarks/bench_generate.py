@@ -20,7 +20,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
@@ -29,6 +28,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from dorylus import atomic  # noqa: E402
 from dorylus.data.synthetic import PRESETS, generate_preset, preset_names  # noqa: E402
 from common import status_kb
 
@@ -107,9 +107,7 @@ def main() -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"generate-{args.preset}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, result)
     print(f"wrote {path}")
 
 
