@@ -53,14 +53,16 @@ def test_watchdog_names_a_function_call_that_hangs(tmp_path):
     graph = random_graph(num_nodes=60, num_edges=200)
     config = TrainConfig(backend="lambda", parts=2, functions=2, epochs=5, hidden=4, run_dir=str(tmp_path / "run"),
                          function_handler="tests.distributed.faulty_handler:hanging_handler",
-                         watchdog_min_s=2.0, task_timeout_s=120)
+                         watchdog_min_s=2.0, task_timeout_s=600)
     before = children_of(os.getpid())
     progress = io.StringIO()
     start = time.monotonic()
     with pytest.raises(ClusterError) as err:
         run_training(config, graph, progress=progress)
     message = str(err.value)
-    assert time.monotonic() - start < 60  # the watchdog, not the 120 s task timeout
+    # The watchdog, not the 600 s task timeout (its message says so too); the bound leaves room for
+    # the cluster's start on a loaded machine (65 s at load 10, with a 60 s bound, failed)
+    assert time.monotonic() - start < 300
     assert message.startswith("watchdog: epoch 3 made no progress"), message
     assert "AV interval 0 epoch 3 layer 0 on graph server" in message and "graphserver-" in message
     assert "resume with:\n  dorylus train --resume" in progress.getvalue()
