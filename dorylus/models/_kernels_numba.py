@@ -338,9 +338,13 @@ def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_sc
                     out[c, f0 + 13] += w * a13
                     out[c, f0 + 14] += w * a14
                     out[c, f0 + 15] += w * a15
-            if blocked < width:
+                    # the features past the last block, while out[c] is in cache (one pass over the entries)
+                    if f0 + 16 == blocked:
+                        for f in range(blocked, width):
+                            out[c, f] += w * g[r, f]
+            if blocked == 0:
                 for k in range(lo, hi):
-                    if blocked == 0 and k + distance < limit:
+                    if k + distance < limit:
                         ahead = indices[k + distance]
                         if ahead >= c0 and ahead < c1:
                             _prefetch_row(out, ahead, width)

@@ -19,16 +19,17 @@ with ``norm = (1 + indeg)^-1/2`` of the whole graph and ``indeg(v)`` row ``v``'s
 its self loop (a graph server owns all in-edges of its rows, so means are over the whole graph's
 neighbourhoods, never a partition's). Memory: ``indices`` (4 bytes per entry as int32, left
 memory-mapped from the store), ``indptr`` and the scales (per vertex); the backward pass needs
-nothing more on the host. :meth:`memory` says what each costs.
+nothing more on the host at scale. :meth:`memory` says what each costs.
 
 :meth:`aggregate` runs on the host with :func:`dorylus.models.kernels.gather` (every core, the
 scales applied in the kernel, no per-entry array), :meth:`aggregate_transpose` with
 :func:`~dorylus.models.kernels.gather_transpose` on ``S`` itself (a push from its rows: no
-transposed pattern), or with ``gather`` when ``S`` is symmetric (``symmetric=True``: the whole
-undirected graph, its own transpose). :meth:`matrix` and :meth:`transpose` build torch CSR
-matrices with the entries as values on the graph's ``device`` (the ``gpu`` backend's twins): 4
-bytes per entry more there, and ``S^T``'s pattern for :meth:`transpose`
-(:func:`~dorylus.models.kernels.transpose_csr`). GAT's per-edge arrays
+transposed pattern). Products small enough for torch (fewer than
+:data:`~dorylus.models.kernels.SMALL_WORK` entries x width), and a symmetric ``S``
+(``symmetric=True``: the whole undirected graph, its own transpose), gather over ``S^T``'s
+pattern instead (:func:`~dorylus.models.kernels.transpose_csr`, made once: 4 bytes per entry, and
+only then). :meth:`matrix` and :meth:`transpose` build torch CSR matrices with the entries as
+values on the graph's ``device`` (the ``gpu`` backend's twins): 4 bytes per entry more there. GAT's per-edge arrays
 (:meth:`edges`, :meth:`source_order`) are made only when asked. Not part of the Lambda bundle.
 """
 
@@ -147,8 +148,8 @@ class CsrGraph:
     def transposed_pattern(self) -> tuple[np.ndarray, np.ndarray]:
         """``(indptr_T int64 [num_cols + 1], indices_T [nnz])`` of ``S^T`` (``[num_cols,
         num_rows]``, rows ascending in each of its rows; int32 indices), made once by a
-        counting sort; ``S``'s own arrays when it is symmetric. Only :meth:`transpose`'s torch
-        matrices need it: :meth:`aggregate_transpose` runs on ``S``."""
+        counting sort; ``S``'s own arrays when it is symmetric. For :meth:`transpose`'s torch
+        matrices and the small products of :meth:`aggregate_transpose` that run on torch."""
         if self.symmetric:
             return self.indptr, self.indices
         if self._transposed is None:
@@ -192,12 +193,15 @@ class CsrGraph:
 
     def _product_t(self, g: np.ndarray, row_scale: np.ndarray | None = None,
                    col_scale: np.ndarray | None = None) -> np.ndarray:
-        """``(diag(row_scale) S diag(col_scale))^T · g`` without ``S^T``'s pattern: a symmetric ``S``
-        is its own (a gather splits its rows between threads freely), else a push over ``S``."""
-        if self.symmetric:
-            return kernels.gather(self.indptr, self.indices, g, row_scale=col_scale, col_scale=row_scale)
-        return kernels.gather_transpose(self.indptr, self.indices, g, self.num_cols, row_scale=row_scale,
-                                        col_scale=col_scale)
+        """``(diag(row_scale) S diag(col_scale))^T · g``: on numba a push over ``S``, no ``S^T``
+        held; a product small enough for torch (:func:`~dorylus.models.kernels.uses_numba`) a
+        gather over ``S^T``'s pattern, made once (torch has no fast row scatter); a symmetric ``S``
+        is its own transpose."""
+        if not self.symmetric and kernels.uses_numba(self.nnz * g.shape[1]):
+            return kernels.gather_transpose(self.indptr, self.indices, g, self.num_cols, row_scale=row_scale,
+                                            col_scale=col_scale)
+        indptr_t, indices_t = self.transposed_pattern()
+        return kernels.gather(indptr_t, indices_t, g, row_scale=col_scale, col_scale=row_scale)
 
     # ------------------------------------------------------------------ torch matrices with values (devices)
 
@@ -287,7 +291,7 @@ class CsrGraph:
     def memory(self) -> dict[str, int]:
         """Bytes held per structure now (made-on-demand ones once made): ``indices`` and
         ``indptr`` (the store's, memory-mapped when loaded so), ``norms``, ``transpose``
-        (``S^T``'s pattern, made for :meth:`transpose` only; 0 when symmetric), ``block_indptr`` (the intervals' row pointers),
+        (``S^T``'s pattern, made for :meth:`transpose` and products on torch only; 0 when symmetric), ``block_indptr`` (the intervals' row pointers),
         ``values`` (per-entry values of the device matrices), ``edges`` (GAT)."""
         transpose = 0 if self.symmetric or self._transposed is None else sum(a.nbytes for a in self._transposed)
         blocks = sum(a.nbytes for a in self._blocks.values())

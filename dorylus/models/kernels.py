@@ -20,16 +20,15 @@ depend on it (a row is never split between threads).
 The backward product ``A^T g`` (:func:`gather_transpose`) runs on ``A``'s own CSR, pushing each
 row's scaled ``g[r]`` into the output rows of its entries: a graph server then holds no CSR of
 ``A^T`` (4 bytes per entry and a row pointer per column). A graph server usually has one thread
-(cores // parts), where the push costs what a pull over a transpose does; on more threads each
-takes a range of output rows and reads all of ``indices`` (see the function).
+(cores // parts); on more, each takes a range of output rows and reads all of ``indices`` (see
+the function). The push is numba's only: small products gather over a transpose on torch.
 
 numba is imported lazily (on the first call), so modules that import this one but never call it
 (the Lambda bundle ships numpy and pyzmq only) do not need it. Importing numba and loading the
 cached parallel kernels costs a process 2-4 s, more than a whole small graph's training, so
-products of fewer than :data:`SMALL_WORK` entries x width run on torch (its CSR kernel, and
-``index_add_`` for ``A^T``) and small transposes on a numpy sort (the ``auto`` choice of
-``DORYLUS_GATHER_KERNEL``; ``numba`` or ``torch`` force one). Both follow the same formula; they
-differ in float32 rounding only.
+products of fewer than :data:`SMALL_WORK` entries x width run on torch's CSR kernel and small
+transposes on a numpy sort (the ``auto`` choice of ``DORYLUS_GATHER_KERNEL``; ``numba`` or
+``torch`` force one). Both follow the same formula; they differ in float32 rounding only.
 """
 
 from __future__ import annotations
@@ -50,8 +49,6 @@ _CHUNKS_PER_THREAD = 16
 # Below this many stored entries x width a product runs on torch (see the module docstring):
 # synthetic-small's intervals (300K entries x 16) are below it, synthetic-1m's whole parts above.
 SMALL_WORK = 1 << 23
-# Terms (entries x width) per step of the torch ``gather_transpose``: a 4 MB temporary.
-_TORCH_BLOCK = 1 << 20
 KERNEL_CHOICES = ("auto", "numba", "torch")
 
 _lock = threading.Lock()
@@ -67,7 +64,7 @@ def _kernels() -> Any:
     return _numba_kernels
 
 
-def _use_numba(work: int) -> bool:
+def uses_numba(work: int) -> bool:
     """Whether a product of ``work`` entries x width (or a transpose of ``work`` entries) runs on
     numba: ``DORYLUS_GATHER_KERNEL`` (:data:`KERNEL_CHOICES`, default ``auto``) decides."""
     choice = os.environ.get("DORYLUS_GATHER_KERNEL", "auto")
@@ -205,7 +202,7 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     if nnz == 0:
         out.fill(0.0)
         return out
-    if not _use_numba(nnz * width):
+    if not uses_numba(nnz * width):
         _gather_torch(indptr, indices, x, None if values is None else v, None if row_scale is None else rs,
                       None if col_scale is None else cs, out)
         return out
@@ -243,7 +240,7 @@ def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray,
     np.cumsum(np.bincount(indices[:nnz], minlength=num_cols), out=indptr_t[1:])
     if indptr_t.shape[0] != num_cols + 1 or indptr_t[-1] != nnz:
         raise ValueError(f"indices must lie in [0, {num_cols})")
-    if not _use_numba(nnz):
+    if not uses_numba(nnz):
         # A stable sort by column keeps rows ascending within a column, as the counting sort does.
         perm = np.argsort(indices[:nnz], kind="stable").astype(perm_type)
         rows_of = np.repeat(np.arange(rows, dtype=row_type), np.diff(indptr))
@@ -269,7 +266,10 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
     (4 B per entry, in order) and an ``int64 [C]`` count per call to split the ranges. Each
     ``out[c]`` sums its terms in increasing ``r`` whatever ``T``, as :func:`gather` over the CSR of
     ``A^T`` (:func:`transpose_csr`) would, term for term: results do not depend on the thread
-    count. On torch (small products, or forced): ``index_add_`` of the scaled rows, in blocks.
+    count. numba only, whatever ``DORYLUS_GATHER_KERNEL`` says: torch has no row scatter near a
+    pull's speed (``index_add_``, ``scatter_add_``, a CSC product: 5-8x the CSR pull's CPU time on
+    a 310K-entry block), so :class:`~dorylus.models.graph.CsrGraph` gathers small products over
+    a transpose on torch instead (:func:`uses_numba` says which).
     """
     indptr, indices, nnz = _structure(indptr, indices)
     g = np.ascontiguousarray(g, dtype=np.float32)
@@ -288,10 +288,6 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
     if nnz == 0:
         out.fill(0.0)
         return out
-    if not _use_numba(nnz * width):
-        _gather_transpose_torch(indptr, indices, g, None if values is None else v,
-                                None if row_scale is None else rs, None if col_scale is None else cs, out)
-        return out
     k = _kernels()
     threads = _threads()
     if threads == 1:
@@ -306,29 +302,6 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
         k.scatter_kernel(indptr, indices, g, v, values is not None, rs, row_scale is not None, cs,
                          col_scale is not None, bounds, out, PREFETCH_DISTANCE)
     return out
-
-
-def _gather_transpose_torch(indptr: np.ndarray, indices: np.ndarray, g: np.ndarray, values: np.ndarray | None,
-                            row_scale: np.ndarray | None, col_scale: np.ndarray | None, out: np.ndarray) -> None:
-    """``gather_transpose`` through torch's ``index_add_``, :data:`_TORCH_BLOCK` terms at a time:
-    entries in CSR order, so each output row sums in increasing ``r`` as the numba push does.
-    (A CSC tensor of ``A^T`` would do, but torch turns it into a CSR per call: ~50 B per entry.)"""
-    import torch
-
-    nnz = int(indptr[-1])
-    scaled = g if row_scale is None else g * row_scale[:, None]
-    result = torch.from_numpy(out)
-    result.zero_()
-    step = max(1, _TORCH_BLOCK // max(1, g.shape[1]))
-    for lo in range(0, nnz, step):
-        hi = min(nnz, lo + step)
-        rows = np.searchsorted(indptr, np.arange(lo, hi), side="right") - 1
-        terms = torch.from_numpy(scaled[rows])
-        if values is not None:
-            terms *= torch.from_numpy(values[lo:hi, None])
-        result.index_add_(0, torch.from_numpy(indices[lo:hi].astype(np.int64)), terms)
-    if col_scale is not None:
-        out *= col_scale[:, None]
 
 
 def locality_order(indptr: Any, indices: Any) -> np.ndarray:
