@@ -397,8 +397,10 @@ class GraphServer:
                 received = await self._receive("SC", pass_, epoch, stage.layer, name, oldest, ages)
                 for j, rows in received.items():
                     state.set_ghost_rows(name, j, rows)
-        finally:
-            await sent
+        except BaseException:
+            sent.cancel()  # the exchange failed or training stops: waiting for acknowledgements is pointless
+            raise
+        await sent
         return ages
 
     async def gather_backward(self, stage, pass_: str, epoch: int, oldest: int) -> list[int]:
@@ -417,8 +419,10 @@ class GraphServer:
                 received = await self._receive("SC_BWD", pass_, epoch, stage.layer, name, oldest, ages)
                 for j in sorted(received):  # fixed order: the sum does not depend on arrival order
                     state.add_peer_contribution(name, j, received[j])
-        finally:
-            await sent
+        except BaseException:
+            sent.cancel()
+            raise
+        await sent
         return ages
 
     def _send_all(self, task: str, pass_: str, epoch: int, layer: int,

@@ -57,6 +57,8 @@ class FakeBackend(Backend):
         cluster.log.append(("start", self.part, event["interval"], event["epoch"], event["pass"], event["task"],
                             event["layer"], version if event["weights"] else None))
         await asyncio.sleep(cluster.delay(self.part, event["interval"]))
+        if (event["pass"], event["epoch"]) == cluster.fail_on:
+            raise TaskFailed(f"{event['task']} of {event['pass']} epoch {event['epoch']} failed (the test's)")
         cluster.log.append(("end", self.part, event["interval"], event["epoch"], event["pass"], event["task"],
                             event["layer"]))
         if event["grad"]:
@@ -143,6 +145,7 @@ class FakeCluster:
         self.mode = get_mode(mode, staleness)
         self.parts, self.intervals, self.epochs, self.eval_every = parts, intervals, epochs, eval_every
         self.delays = delays or {}
+        self.fail_on: tuple[str, int] | None = None  # (pass, epoch) whose calls fail
         self.log: list[tuple] = []
         self.version = 0  # the initial weights
         self.grads: dict[int, int] = {}
@@ -363,6 +366,34 @@ def test_async_staleness_bound_with_a_slow_partition(staleness):
             epoch, pass_ = e[3], e[4]
             assert e[7] >= (epoch - 1 if pass_ == "train" else epoch) - staleness, e
     assert all(d == epochs for d in cluster.done.values())
+
+
+def test_async_evaluates_epoch_e_beside_training_e_plus_1():
+    """With S = 1 an interval's evaluation of epoch e overlaps its training of e + 1 (the gate
+    lets e + 1 start once e - 1 finished); sync never overlaps them."""
+    def overlaps(cluster: FakeCluster) -> int:
+        eval_end, train_start = {}, {}
+        for n, e in cluster.calls():
+            key = (e[1], e[2], e[3])  # part, interval, epoch
+            if e[0] == "end" and e[4] == "eval":
+                eval_end[key] = n
+            elif e[0] == "start" and e[4] == "train":
+                train_start.setdefault(key, n)
+        return sum(train_start[(p, i, e + 1)] < end for (p, i, e), end in eval_end.items()
+                   if (p, i, e + 1) in train_start)
+
+    assert overlaps(run("async", 1, parts=2, intervals=2, epochs=5, delays={(0, None): 0.005})) > 0
+    assert overlaps(run("sync", parts=2, intervals=2, epochs=5, delays={(0, None): 0.005})) == 0
+
+
+def test_a_failed_evaluation_beside_training_stops_the_run():
+    async def main():
+        cluster = FakeCluster("async", 1, parts=2, intervals=2, epochs=6)
+        cluster.fail_on = ("eval", 2)
+        await cluster.run()
+
+    with pytest.raises(TaskFailed, match="of eval epoch 2 failed"):
+        asyncio.run(main())
 
 
 # ----------------------------------------------------------------------------- a call's result
