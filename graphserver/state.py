@@ -42,8 +42,9 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
     (``nnz``: in-edges with self loops) and bytes per owned vertex.
 
     Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm`` (the backward
-    Gather reads these too: no pattern of ``S^T``), ``global_ids``, ``features`` (``features``,
-    default the part's), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
+    Gather pushes from these: no pattern of ``S^T``, except that products small enough for torch,
+    under ``kernels.SMALL_WORK`` entries x width, gather over one: at most 32 MB / width),
+    ``global_ids``, ``features`` (``features``, default the part's), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
     ``ghost_rows`` is the part of them that holds ghost rows). No per-entry float exists.
     """
     nnz, n_owned, n_local = part.nnz, part.n_owned, part.n_local
