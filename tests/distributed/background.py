@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dorylus.runs import read_metrics
@@ -18,7 +19,10 @@ from tests.graphs import shared_data
 from tests.processes import alive, children_of, cmdline
 
 REPO = Path(__file__).resolve().parents[2]
-EPOCHS = 20
+# Every event of these tests (a kill, a preemption, a pause, the forger's first pushes) comes by
+# epoch 3, which leaves 7 epochs compared after it; start-up, not epochs, is most of a run's cost
+# (20 epochs before: about 5 CPU-s more per run).
+EPOCHS = 10
 
 
 def train_args(run: Path, *extra: str) -> list[str]:
@@ -75,10 +79,13 @@ class Training:
 
 
 def assert_same_epochs(got: list[dict], want: list[dict]) -> None:
-    """Every epoch once, in order, each equal to the uninterrupted run's: the loss to 1e-5
-    relative (float32 sums in another order after a restart), accuracies exactly (counts)."""
+    """Every epoch once, in order, each equal to the uninterrupted run's (conftest.py's: the
+    single-process reference): the loss to 1e-5 relative (float32 sums in another order),
+    accuracies within one vertex (a float32 tie may flip an argmax), as test_sync_exactness.py."""
     assert [m["epoch"] for m in got] == list(range(1, EPOCHS + 1))
-    for g, w in zip(got, want):
+    with np.load(shared_data("cora.npz")) as cora:
+        counts = {split: int(cora[f"{split}_mask"].sum()) for split in ("train", "val", "test")}
+    for g, w in zip(got, want, strict=True):
         assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), g["epoch"]
-        for key in ("train_acc", "val_acc", "test_acc"):
-            assert g[key] == pytest.approx(w[key], abs=1e-9), (g["epoch"], key)
+        for split, count in counts.items():
+            assert abs(g[f"{split}_acc"] - w[f"{split}_acc"]) * count <= 1 + 1e-9, (g["epoch"], split)

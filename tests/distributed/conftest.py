@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from dorylus.cli import main as cli_main
 from dorylus.runs import read_metrics
-from tests.distributed.background import REPO, Training, train_args
+from tests.distributed.background import EPOCHS, Training, train_args
+from tests.graphs import shared_data
 
 
 @pytest.fixture
@@ -26,9 +27,11 @@ def training(tmp_path):
 
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory):
-    """The per-epoch metrics of the background run with nothing happening to it (one run for
-    every test that compares with it)."""
+    """The per-epoch metrics the background run must have whatever happens to it: the
+    single-process reference of the same data and model, trained in this process
+    (test_sync_exactness.py holds the cpu backend to it; a cluster run of its own cost a cluster
+    start, ~16 CPU-s)."""
     run = tmp_path_factory.mktemp("plain") / "run"
-    result = subprocess.run(train_args(run), capture_output=True, text=True, cwd=REPO, timeout=400)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert cli_main(["train", "--dataset", str(shared_data("cora.npz")), "--backend", "reference", "--epochs",
+                     str(EPOCHS), "--run-dir", str(run)]) == 0
     return read_metrics(run)

@@ -53,8 +53,8 @@ def test_a_preempted_graph_server_checkpoints_comes_back_and_the_run_equals_an_u
 
 @pytest.mark.parametrize("preempt, why", [
     ("2@3", "there is no graph server 2, the run has 2 (0 to 1)"),
-    ("1@0", "epoch 0 is not one the run trains (1 to 20)"),
-    ("1@21", "epoch 21 is not one the run trains (1 to 20)"),
+    ("1@0", f"epoch 0 is not one the run trains (1 to {EPOCHS})"),
+    (f"1@{EPOCHS + 1}", f"epoch {EPOCHS + 1} is not one the run trains (1 to {EPOCHS})"),
     ("1@x", "'1@x' is not PART@EPOCH"),
     ("1@3,1@3", "preempt 1@3 is given twice"),
     ("0@2,1@3,0@4,0@5", "preempt names 4 epoch(s), each a recovery, but max_recoveries is 3"),
