@@ -7,7 +7,10 @@ For each size (``10m`` = ``synthetic-10m``, ``60m`` = ``synthetic-products``, ``
 1. ``dorylus generate PRESET --out DIR`` (skipped when DIR already holds that preset and seed);
 2. ``dorylus partition --dataset DIR --parts P --method METHOD`` (``auto`` by default: METIS where
    its estimated memory fits, else Fennel streamed from disk);
-3. for each backend, ``dorylus train --partitions STORE --backend B --epochs 3``.
+3. for each backend, ``dorylus train --partitions STORE --backend B --epochs 3``;
+4. with ``--whole``, for each backend the whole ``dorylus train --dataset DIR`` command (load,
+   partition with ``--method``, train), whose memory is reported as the peak of its processes'
+   resident (RSS) and proportional (PSS) sizes taken together at one moment.
 
 Every command runs under ``/usr/bin/time -v`` (its peak RSS is the command's own process; the
 roles are children); while training, the benchmark polls ``/proc/<pid>/status`` of every
@@ -63,8 +66,10 @@ def _timed(argv: list[str], log: Path, timeout: float, watch: bool = False) -> d
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         peaks: dict[int, tuple[str, float]] = {}
+        together: dict[str, float] = {}
         stop = threading.Event()
-        poller = threading.Thread(target=_poll_tree, args=(proc.pid, peaks, stop), daemon=True) if watch else None
+        poller = (threading.Thread(target=_poll_tree, args=(proc.pid, peaks, stop, together), daemon=True)
+                  if watch else None)
         if poller:
             poller.start()
         try:
@@ -88,6 +93,7 @@ def _timed(argv: list[str], log: Path, timeout: float, watch: bool = False) -> d
         result["role_peak_mb"] = {k: round(v, 1) for k, v in sorted(roles.items())}
         result["graphserver_peaks_mb"] = sorted(round(mb, 1) for role, mb in peaks.values() if role == "graphserver")
         result["sum_of_peaks_mb"] = round(sum(mb for _, mb in peaks.values()), 1)
+        result.update({k: round(v, 1) for k, v in together.items()})
     return result
 
 
@@ -104,11 +110,15 @@ def _role(cmdline: list[str]) -> str | None:
     return None
 
 
-def _poll_tree(root: int, peaks: dict, stop: threading.Event) -> None:
+def _poll_tree(root: int, peaks: dict, stop: threading.Event, together: dict) -> None:
     """Every 0.2 s, each process below ``root``: its role (by command line, else its nearest
-    ancestor's) and the largest ``VmHWM`` seen, into ``peaks[pid] = (role, MB)``."""
+    ancestor's) and the largest ``VmHWM`` seen, into ``peaks[pid] = (role, MB)``; and into
+    ``together`` the largest sum of the processes' current RSS seen at once
+    (``rss_together_peak_mb``) and, every fifth poll, of their PSS (``pss_together_peak_mb``:
+    shared pages such as the libraries' split among the processes that map them)."""
     import psutil
 
+    polls = 0
     try:
         top = psutil.Process(root)
     except psutil.Error:
@@ -119,8 +129,12 @@ def _poll_tree(root: int, peaks: dict, stop: threading.Event) -> None:
             procs = top.children(recursive=True)
         except psutil.Error:
             break
+        polls += 1
+        rss_now = pss_now = 0
         for p in procs:
             try:
+                if polls % 5 == 0:
+                    pss_now += _rollup_kb(p.pid, "Pss:")
                 if p.pid not in roles:
                     role, q = _role(p.cmdline()), p
                     while role is None and q.ppid() not in (0, root):
@@ -130,13 +144,26 @@ def _poll_tree(root: int, peaks: dict, stop: threading.Event) -> None:
                         continue
                     roles[p.pid] = role
                 with open(f"/proc/{p.pid}/status") as f:
-                    hwm = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
+                    fields = dict(line.split(":", 1) for line in f if line.startswith(("VmHWM:", "VmRSS:")))
+                hwm = int(fields["VmHWM"].split()[0]) if "VmHWM" in fields else None
+                rss_now += int(fields["VmRSS"].split()[0]) if "VmRSS" in fields else 0
             except (psutil.Error, OSError):
                 continue
             if hwm is not None:
                 old = peaks.get(p.pid, (roles[p.pid], 0.0))
                 peaks[p.pid] = (roles[p.pid], max(old[1], hwm / 1024))
+        together["rss_together_peak_mb"] = max(together.get("rss_together_peak_mb", 0.0), rss_now / 1024)
+        if polls % 5 == 0:
+            together["pss_together_peak_mb"] = max(together.get("pss_together_peak_mb", 0.0), pss_now / 1024)
         stop.wait(0.2)
+
+
+def _rollup_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(field)), 0)
+    except OSError:
+        return 0
 
 
 def _meta(path: Path) -> dict | None:
@@ -190,31 +217,62 @@ def run_size(size: str, args: argparse.Namespace) -> dict:
         row["train_skipped"] = "not in --train-sizes"
         return row
     for backend in args.backends:
-        run = work / f"{preset}-run-{backend}"
-        log = work / f"{preset}-train-{backend}.log"
-        shutil.rmtree(run, ignore_errors=True)  # a run directory must be new
-        result = _timed(_dorylus() + ["train", "--partitions", str(store), "--backend", backend, "--epochs",
-                                      str(args.epochs), "--run-dir", str(run), "--seed", str(args.seed)],
-                        log, args.timeout, watch=True)
-        try:
-            epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        except OSError:
-            epochs = []
-        times = [e["epoch_s"] for e in epochs if "epoch_s" in e]
-        if times:
-            steady = times[1:] or times
-            result.update(epoch_s=round(sum(steady) / len(steady), 3), epoch_s_all=[round(t, 3) for t in times],
-                          final_test_acc=epochs[-1].get("test_acc"))
-        gs = result.get("graphserver_peaks_mb") or []
-        if gs:
-            result["graphserver_bytes_per_in_edge"] = round(max(gs) * 2**20 / max(part_edges), 1)
-        if result.get("sum_of_peaks_mb"):
-            result["bytes_per_edge_all_roles"] = round(result["sum_of_peaks_mb"] * 2**20 / row["num_edges"], 1)
-        if result["exit"] != 0:
-            result["log_tail"] = log.read_text(errors="replace").splitlines()[-5:]
-        row["train"][backend] = result
-        print(f"  train {backend}: {result}", flush=True)
+        row["train"][backend] = _train(["--partitions", str(store)], work / f"{preset}-run-{backend}",
+                                       work / f"{preset}-train-{backend}.log", backend, args, part_edges,
+                                       row["num_edges"])
+        print(f"  train {backend}: {row['train'][backend]}", flush=True)
+    if args.whole:
+        row["whole"] = {}
+        for backend in args.backends:
+            row["whole"][backend] = _train(["--dataset", str(data), "--partition-method", args.method,
+                                            "--parts", str(args.parts), "--eval-every", str(args.epochs)],
+                                           work / f"{preset}-whole-{backend}", work / f"{preset}-whole-{backend}.log",
+                                           backend, args, part_edges, row["num_edges"])
+            print(f"  whole train {backend}: {row['whole'][backend]}", flush=True)
     return row
+
+
+def _train(source: list[str], run: Path, log: Path, backend: str, args: argparse.Namespace, part_edges: list[int],
+           num_edges: int) -> dict:
+    """``dorylus train`` on ``source`` (``--partitions STORE``, or ``--dataset DIR`` for the whole
+    command: load, partition, train) with its time, epochs and memory."""
+    shutil.rmtree(run, ignore_errors=True)  # a run directory must be new
+    result = _timed(_dorylus() + ["train", *source, "--backend", backend, "--epochs", str(args.epochs),
+                                  "--run-dir", str(run), "--seed", str(args.seed)], log, args.timeout, watch=True)
+    try:
+        epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except OSError:
+        epochs = []
+    times = [e["epoch_s"] for e in epochs if "epoch_s" in e]
+    if times:
+        steady = times[1:] or times
+        result.update(epoch_s=round(sum(steady) / len(steady), 3), epoch_s_all=[round(t, 3) for t in times],
+                      final_test_acc=epochs[-1].get("test_acc"))
+    gs = result.get("graphserver_peaks_mb") or []
+    if gs:
+        result["graphserver_bytes_per_in_edge"] = round(max(gs) * 2**20 / max(part_edges), 1)
+    if result.get("sum_of_peaks_mb"):
+        result["bytes_per_edge_all_roles"] = round(result["sum_of_peaks_mb"] * 2**20 / num_edges, 1)
+    if result["exit"] != 0:
+        result["log_tail"] = log.read_text(errors="replace").splitlines()[-5:]
+    return result
+
+
+def format_whole_table(rows: list[dict]) -> str:
+    """The whole ``dorylus train --dataset`` command (load, partition, train) per size and backend."""
+    header = ("size", "backend", "command s", "epoch s", "RSS together GB", "PSS together GB", "coord GB", "GS GB")
+    lines = [header]
+    for r in rows:
+        for backend, t in (r.get("whole") or {}).items():
+            roles = t.get("role_peak_mb", {})
+            gb = lambda mb: "-" if mb is None else f"{mb / 1024:.2f}"  # noqa: E731
+            lines.append((r["size"], backend, f"{t.get('seconds', '-')}" + ("" if t.get("exit", 0) == 0 else f" ({t.get('exit')})"),
+                          f"{t.get('epoch_s', '-')}", gb(t.get("rss_together_peak_mb")), gb(t.get("pss_together_peak_mb")),
+                          gb(roles.get("coordinator")), gb(roles.get("graphserver"))))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    out = ["  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -258,6 +316,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="generator and training seed (default: 0)")
     parser.add_argument("--workdir", default="/tmp/dorylus-scale", help="data, stores and runs (default: /tmp/dorylus-scale)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command before it is killed (default: 3600)")
+    parser.add_argument("--whole", action="store_true",
+                        help="also time the whole `dorylus train --dataset DIR` command per backend (load, "
+                             "partition, train), with the peak of its processes' RSS and PSS taken together")
     parser.add_argument("--json", type=Path, default=RESULTS / "scale.json", help="result file")
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -279,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": machine_info(load_before, os.getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     print()
     print(format_table(rows))
+    if args.whole:
+        print()
+        print(format_whole_table(rows))
     write_json(result, args.json)
     print(f"\nwrote {args.json}")
     return result
