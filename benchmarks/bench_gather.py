@@ -41,6 +41,18 @@ nothing else, timed in the same rounds. Rates count reads only, in the same unit
 
     python benchmarks/bench_gather.py --roofline-only --roofline 2400000x16 --repeats 5
 
+Backward (``--backward``, default ``2400000x16``): the graph server's backward Gather
+``A_local^T · G`` on part 0 of ``--backward-parts`` (default 2) of the same ring graph in RCM
+order, cut into contiguous ranges (``[n_owned, n_local]``, ghosts included): a gather over the
+transpose from ``kernels.transpose_csr`` (what a graph server built once before; its bytes and
+build time are printed) against ``kernels.gather_transpose``, the push over the forward block
+that holds nothing, and on more than one thread a push with a private output per thread summed at
+the end (the alternative ``gather_transpose`` does not take), on each of ``--backward-threads``
+(default 1,2). Each is checked against float64 ``A^T G`` first; wall and process CPU time per call
+(CPU time is less blurred by other jobs on shared cores).
+
+    python benchmarks/bench_gather.py --backward-only --backward 2400000x16,2400000x128 --repeats 5
+
 Prints tables and writes ``benchmarks/results/gather.json`` (``--output``).
 """
 
@@ -52,7 +64,9 @@ import statistics
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,14 +87,19 @@ BASELINE = "torch.sparse.mm CSR"
 RELATIVE_TOLERANCE = 1e-5  # float32 sums of a few hundred terms, in different orders
 
 
-def kernels(csr: torch.Tensor, lean: "LeanCsr") -> dict[str, Callable[[np.ndarray], Any]]:
-    """The kernels compared for one sparse matrix; each takes a float32 numpy ``[cols, d]``."""
+def kernels(csr: torch.Tensor, lean: "LeanCsr", push: "LeanCsr | None" = None) -> dict[str, Callable[[np.ndarray], Any]]:
+    """The kernels compared for one sparse matrix; each takes a float32 numpy ``[cols, d]``.
+    ``push``: the forward block whose transpose ``csr`` is, for ``kernels.gather_transpose``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         coo = csr.to_sparse_coo().coalesce()
     host = scipy.sparse.csr_matrix((csr.values().numpy(), csr.col_indices().numpy(), csr.crow_indices().numpy()),
                                    shape=tuple(csr.shape))
-    return {
+    extra = {}
+    if push is not None:
+        extra["kernels.gather_transpose"] = lambda dense: gather_kernels.gather_transpose(
+            push.indptr, push.indices, dense, csr.shape[0], row_scale=push.row_scale, col_scale=push.col_scale)
+    return extra | {
         "graph.spmm (torch)": lambda dense: spmm(csr, dense),
         "kernels.gather": lambda dense: gather_kernels.gather(lean.indptr, lean.indices, dense,
                                                               row_scale=lean.row_scale, col_scale=lean.col_scale),
@@ -95,11 +114,11 @@ def as_numpy(result: Any) -> np.ndarray:
 
 
 def bench_direction(direction: str, csr: torch.Tensor, lean: "LeanCsr", width: int, warmup: int, repeats: int,
-                    rng: np.random.Generator) -> list[dict[str, Any]]:
+                    rng: np.random.Generator, push: "LeanCsr | None" = None) -> list[dict[str, Any]]:
     """Check, then time every kernel on ``csr @ dense`` with a random ``dense [cols, width]``."""
     n_rows, n_cols = csr.shape
     dense = rng.standard_normal((n_cols, width), dtype=np.float32)
-    fns = kernels(csr, lean)
+    fns = kernels(csr, lean, push)
     oracle = scipy.sparse.csr_matrix(
         (csr.values().numpy().astype(np.float64), csr.col_indices().numpy(), csr.crow_indices().numpy()),
         shape=(n_rows, n_cols)) @ dense.astype(np.float64)
@@ -152,7 +171,16 @@ def csr_from_pairs(rows: np.ndarray, cols: np.ndarray, n_rows: int, n_cols: int)
 
 def local_part(src: np.ndarray, dst: np.ndarray, num_nodes: int, parts: np.ndarray,
                part: int) -> tuple[LeanCsr, torch.Tensor, LeanCsr, torch.Tensor]:
-    """Part ``part``'s ``A_hat`` block ``[n_owned, n_local]`` and its transpose, lean and as torch CSR.
+    """Part ``part``'s ``A_hat`` block ``[n_owned, n_local]`` and its transpose, lean and as torch CSR."""
+    fwd = local_block(src, dst, num_nodes, parts, part)
+    n_owned, n_local = fwd.indptr.size - 1, fwd.col_scale.size
+    indptr_t, indices_t, _ = gather_kernels.transpose_csr(fwd.indptr, fwd.indices, n_local)
+    bwd = LeanCsr(indptr_t, indices_t, fwd.col_scale, fwd.row_scale)
+    return fwd, torch_csr(fwd, (n_owned, n_local)), bwd, torch_csr(bwd, (n_local, n_owned))
+
+
+def local_block(src: np.ndarray, dst: np.ndarray, num_nodes: int, parts: np.ndarray, part: int) -> LeanCsr:
+    """Part ``part``'s ``A_hat`` block ``[n_owned, n_local]`` as a graph server holds it.
 
     Local ids: the part's vertices in global order, then ghost in-neighbours in global order.
     ``A_hat[v, u] = s_v s_u`` for each edge ``u -> v`` and ``u = v``, ``s = (in-degree + 1)^-1/2``.
@@ -170,10 +198,7 @@ def local_part(src: np.ndarray, dst: np.ndarray, num_nodes: int, parts: np.ndarr
     cols = np.concatenate([local_ids[e_src], np.arange(owned.size)])
     n_owned, n_local = owned.size, global_ids.size
     indptr, indices = csr_from_pairs(rows, cols, n_owned, n_local)
-    fwd = LeanCsr(indptr, indices, scale[owned], scale[global_ids])
-    indptr_t, indices_t, _ = gather_kernels.transpose_csr(indptr, indices, n_local)
-    bwd = LeanCsr(indptr_t, indices_t, fwd.col_scale, fwd.row_scale)
-    return fwd, torch_csr(fwd, (n_owned, n_local)), bwd, torch_csr(bwd, (n_local, n_owned))
+    return LeanCsr(indptr, indices, scale[owned], scale[global_ids])
 
 
 def torch_csr(lean: LeanCsr, shape: tuple[int, int], index_type: torch.dtype = torch.int64) -> torch.Tensor:
@@ -231,7 +256,7 @@ def roofline_list(text: str) -> list[tuple[int, int]]:
     except ValueError:
         sizes = []
     if not sizes or min(min(s) for s in sizes) < 1:
-        raise argparse.ArgumentTypeError(f"--roofline takes comma-separated NxD sizes, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes comma-separated NxD sizes, got {text!r}")
     return sizes
 
 
@@ -292,6 +317,124 @@ def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int,
     return rows
 
 
+# ---------------------------------------------------------------------------------- backward: transpose or push
+
+def private_push(lean: LeanCsr, n_cols: int, threads: int, pool: ThreadPoolExecutor) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The other way to push on ``threads`` threads: each fills its own copy of the output from a
+    row range of equal entries (the serial push kernel), summed at the end: ``(threads - 1) x
+    n_cols x d`` floats more per call, where ``gather_transpose`` gives each thread a range of
+    output rows and every thread reads all of ``indices`` instead."""
+    from numba import njit
+
+    from dorylus.models import _kernels_numba
+
+    serial = njit(nogil=True, boundscheck=False)(_kernels_numba.scatter_kernel.py_func)
+    n_rows = lean.indptr.size - 1
+    bounds = np.searchsorted(lean.indptr, np.linspace(0, int(lean.indptr[-1]), threads + 1))
+    bounds[0], bounds[-1] = 0, n_rows
+    pieces = [(a, b, lean.indptr[a:b + 1] - lean.indptr[a], lean.indices[lean.indptr[a]:lean.indptr[b]])
+              for a, b in zip(bounds[:-1], bounds[1:])]
+    everything = np.array([0, n_cols], np.int64)
+    empty = np.empty(0, np.float32)
+
+    def run(g: np.ndarray, out: np.ndarray) -> None:
+        copies = [out] + [np.empty_like(out) for _ in range(threads - 1)]
+
+        def one(t: int) -> None:
+            a, b, indptr, indices = pieces[t]
+            serial(indptr, indices, g[a:b], empty, False, lean.row_scale[a:b], True, empty, False, everything,
+                   copies[t], gather_kernels.PREFETCH_DISTANCE)
+
+        list(pool.map(one, range(threads)))
+        for extra in copies[1:]:
+            out += extra
+        out *= lean.col_scale[:, None]
+
+    return run
+
+
+def bench_backward(n: int, width: int, degree: int, parts: int, threads_list: list[int], warmup: int, repeats: int,
+                   rng: np.random.Generator) -> list[dict[str, Any]]:
+    """The backward Gather ``A_local^T · G`` of part 0 of a ring graph of ``n`` vertices in RCM order
+    cut into ``parts`` contiguous ranges: over the transpose (built once) against the push on the
+    forward block, on each thread count, with wall and CPU seconds and the bytes each needs."""
+    src, dst = ring_graph(n, degree, rng)
+    src, dst = relabelled(src, dst, rng.permutation(n))
+    whole = ahat_lean(src, dst, n)
+    src, dst = relabelled(src, dst, gather_kernels.locality_order(whole.indptr, whole.indices))
+    del whole
+    fwd = local_block(src, dst, n, np.arange(n) * parts // n, 0)
+    del src, dst
+    n_owned, n_local, nnz = fwd.indptr.size - 1, fwd.col_scale.size, int(fwd.indptr[-1])
+    wall, cpu = time.perf_counter(), time.process_time()
+    indptr_t, indices_t, perm = gather_kernels.transpose_csr(fwd.indptr, fwd.indices, n_local)
+    build = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+             "peak_extra_mb": (perm.nbytes + n_local * 8) / 1e6}
+    del perm
+    held_mb = (indptr_t.nbytes + indices_t.nbytes) / 1e6
+    g = rng.standard_normal((n_owned, width), dtype=np.float32)
+    out = np.empty((n_local, width), np.float32)
+    a = scipy.sparse.csr_matrix((np.repeat(fwd.row_scale.astype(np.float64), np.diff(fwd.indptr))
+                                 * fwd.col_scale.astype(np.float64)[fwd.indices], fwd.indices, fwd.indptr),
+                                shape=(n_owned, n_local))
+    want = a.T @ g.astype(np.float64)
+    del a
+    pool = ThreadPoolExecutor(max(threads_list))
+    fns: dict[tuple[int, str], tuple[Callable[[], Any], float, float]] = {}  # fn, held MB, per-call extra MB
+    for threads in threads_list:
+        fns[(threads, "transpose + gather")] = (lambda: gather_kernels.gather(
+            indptr_t, indices_t, g, row_scale=fwd.col_scale, col_scale=fwd.row_scale, out=out), held_mb, 0.0)
+        fns[(threads, "gather_transpose (push)")] = (lambda: gather_kernels.gather_transpose(
+            fwd.indptr, fwd.indices, g, n_local, row_scale=fwd.row_scale, col_scale=fwd.col_scale, out=out),
+            0.0, 0.0 if threads == 1 else 2 * n_local * 8 / 1e6)
+        if threads > 1:
+            fns[(threads, "push, output per thread")] = (partial(private_push(fwd, n_local, threads, pool), g, out),
+                                                         0.0, (threads - 1) * n_local * width * 4 / 1e6)
+    before = torch.get_num_threads()
+    try:
+        for (threads, name), (fn, _, _) in fns.items():
+            torch.set_num_threads(threads)
+            fn()
+            error = float(np.abs(out - want).max())
+            if error > RELATIVE_TOLERANCE * max(float(np.abs(want).max()), 1e-30):
+                raise SystemExit(f"bench_gather: {name} on {threads} threads differs from float64 A^T G by {error:.3e}")
+            for _ in range(warmup):
+                fn()
+        seconds = {key: ([], []) for key in fns}
+        for _ in range(repeats):
+            for key, (fn, _, _) in fns.items():
+                torch.set_num_threads(key[0])
+                wall, cpu = time.perf_counter(), time.process_time()
+                fn()
+                seconds[key][0].append(time.perf_counter() - wall)
+                seconds[key][1].append(time.process_time() - cpu)
+    finally:
+        torch.set_num_threads(before)
+        pool.shutdown()
+    rows = []
+    for (threads, name), (walls, cpus) in seconds.items():
+        _, held, extra = fns[(threads, name)]
+        rows.append({"n": n, "parts": parts, "width": width, "n_owned": n_owned, "n_local": n_local, "nnz": nnz,
+                     "threads": threads, "kernel": name, "ms_median": 1e3 * statistics.median(walls),
+                     "cpu_ms_median": 1e3 * statistics.median(cpus), "ms_min": 1e3 * min(walls),
+                     "held_mb": held, "held_b_per_entry": held * 1e6 / nnz, "per_call_extra_mb": extra,
+                     "transpose_build": build if held else None, "ms_per_call": [1e3 * t for t in walls],
+                     "cpu_ms_per_call": [1e3 * t for t in cpus]})
+    return rows
+
+
+def print_backward(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'N':>8} {'d':>4} {'nnz':>10} {'T':>2} {'kernel':<24} {'ms median':>9} {'CPU ms':>8} "
+              f"{'held MB':>8} {'B/entry':>7} {'per call MB':>11} {'build s (CPU)':>13}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        build = f"{r['transpose_build']['wall_s']:5.2f} ({r['transpose_build']['cpu_s']:.2f})" if r["transpose_build"] else ""
+        print(f"{r['n']:>8} {r['width']:>4} {r['nnz']:>10} {r['threads']:>2} {r['kernel']:<24} {r['ms_median']:9.1f} "
+              f"{r['cpu_ms_median']:8.1f} {r['held_mb']:8.1f} {r['held_b_per_entry']:7.2f} {r['per_call_extra_mb']:11.1f} "
+              f"{build:>13}")
+
+
 def print_roofline(rows: list[dict[str, Any]]) -> None:
     header = (f"{'N':>8} {'d':>4} {'x MB':>6} {'nnz':>10} {'kernel':<26} {'mean|i-j|':>10} {'ms median':>9} "
               f"{'1e9 ent*d/s':>11} {'GB/s':>6} {'of probe':>8}")
@@ -320,7 +463,7 @@ def width_list(text: str) -> list[int]:
     except ValueError:
         widths = []
     if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"--widths takes comma-separated positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes comma-separated positive integers, got {text!r}")
     return widths
 
 
@@ -335,8 +478,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="roofline graph sizes NxD, comma-separated (default: 2400000x16,300000x128)")
     parser.add_argument("--roofline-degree", type=positive_int, default=12,
                         help="mean in-degree of the roofline graphs, before self loops (default: 12)")
-    parser.add_argument("--roofline-only", action="store_true", help="skip the METIS partition kernels")
+    parser.add_argument("--roofline-only", action="store_true", help="skip the METIS partition kernels and the backward section")
     parser.add_argument("--no-roofline", action="store_true", help="skip the roofline")
+    parser.add_argument("--backward", type=roofline_list, default=[(2_400_000, 16)],
+                        help="backward-section graph sizes NxD, comma-separated (default: 2400000x16)")
+    parser.add_argument("--backward-parts", type=positive_int, default=2,
+                        help="parts the backward section's RCM-ordered graph is cut into (default: 2)")
+    parser.add_argument("--backward-threads", type=width_list, default=[1, 2],
+                        help="thread counts of the backward section, comma-separated (default: 1,2)")
+    parser.add_argument("--backward-only", action="store_true", help="run the backward section alone")
+    parser.add_argument("--no-backward", action="store_true", help="skip the backward section")
     parser.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)),
                         help="torch threads (default: all usable cores)")
     parser.add_argument("--repeats", type=positive_int, default=30, help="timed rounds (default: 30)")
@@ -350,6 +501,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
     if args.roofline_only and args.no_roofline:
         parser.error("--roofline-only and --no-roofline leave nothing to run")
+    if args.backward_only and (args.no_backward or args.roofline_only):
+        parser.error("--backward-only with --no-backward or --roofline-only leaves nothing to run")
+    if args.backward_only:
+        args.roofline_only, args.no_roofline = True, True
+    run_backward = not args.no_backward and (args.backward_only or not args.roofline_only)
 
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -362,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"benchmark": "gather", "dataset": args.dataset, "parts": args.parts, "part": args.part,
                               "method": "metis", "seed": args.seed, "widths": args.widths, "threads": args.threads,
                               "warmup": args.warmup, "repeats": args.repeats}
-    if not args.roofline_only:
+    if not args.roofline_only and not args.backward_only:
         dataset = load_dataset(args.dataset)
         parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=args.seed)
         fwd, adj, bwd, adj_t = local_part(dataset.src, dataset.dst, dataset.num_nodes, parts, args.part)
@@ -372,7 +528,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               flush=True)
         for width in args.widths:
             rows += bench_direction("forward", adj, fwd, width, args.warmup, args.repeats, rng)
-            rows += bench_direction("backward", adj_t, bwd, width, args.warmup, args.repeats, rng)
+            rows += bench_direction("backward", adj_t, bwd, width, args.warmup, args.repeats, rng, push=fwd)
             print(f"  d={width}: done", flush=True)
         print()
         print(f"{dataset.name}, part {args.part} of {args.parts}; forward = A_local [n_owned, n_local] @ H, "
@@ -382,6 +538,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"torch threads {args.threads}; scipy is single-threaded.")
         print_table(rows)
         result.update({"dataset_name": dataset.name, "n_owned": n_owned, "n_ghost": n_local - n_owned, "nnz": nnz})
+    backward: list[dict[str, Any]] = []
+    if run_backward:
+        repeats = min(args.repeats, 7)
+        for n, width in args.backward:
+            backward += bench_backward(n, width, args.roofline_degree, args.backward_parts, args.backward_threads,
+                                       min(args.warmup, 1), repeats, rng)
+            print(f"  backward {n}x{width}: done", flush=True)
+        print()
+        print(f"Backward Gather A_local^T @ G of part 0 of {args.backward_parts} (contiguous ranges of the RCM order) of "
+              f"ring graphs (mean in-degree {args.roofline_degree} + self loop): over the transpose (transpose_csr, built "
+              f"once: held MB, build s) or pushed from the forward block (gather_transpose); median of {repeats} rounds, "
+              f"wall and process CPU ms (all threads), output preallocated. per call MB: what a call allocates beyond "
+              f"its output (the push's per-column counts on T > 1; a private output per extra thread).")
+        print_backward(backward)
     roofline: list[dict[str, Any]] = []
     if not args.no_roofline:
         repeats = min(args.repeats, 7)
@@ -406,6 +576,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "roofline_formula": "entries_width_per_s = nnz * d / median_seconds; gb_per_s = nnz * d * 4 / median_seconds "
                             "/ 1e9; fraction_of_probe = probe median seconds / kernel median seconds",
         "roofline_degree": args.roofline_degree, "roofline": roofline,
+        "backward_formula": "ms/cpu_ms: median wall / process CPU time per call; held_mb: what the kernel keeps "
+                            "between calls (the transpose's indptr_T + indices_T); per_call_extra_mb: allocated per "
+                            "call beyond the preallocated output",
+        "backward_parts": args.backward_parts, "backward": backward,
         "machine": {**machine_info(load_before, load_after), "scipy": scipy.__version__,
                     "mkl": torch.backends.mkl.is_available()},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
