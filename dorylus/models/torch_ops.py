@@ -326,3 +326,9 @@ class Ops:
 
     def prepare_backward(self, grad_h, src, ids, key, p, activation):
         return prepare_backward(grad_h, src, ids, key, p, activation, self.masks)
+
+    def project(self, src, ids, key, p, activation, training, w):
+        return project(src, ids, key, p, activation, training, w, self.masks)
+
+    def project_grad(self, src, ids, key, p, activation, grad):
+        return project_grad(src, ids, key, p, activation, grad, self.masks)
