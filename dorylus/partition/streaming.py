@@ -39,7 +39,6 @@ writer. Peak memory is one part's in-edges plus the per-vertex arrays.
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import tempfile
 import time

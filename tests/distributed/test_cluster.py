@@ -23,7 +23,7 @@ from dorylus.protocol import Header, Op
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
 from tests.graphs import random_graph
-from tests.processes import cmdline, alive, children_of, wait_gone
+from tests.processes import alive, children_of, wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 
