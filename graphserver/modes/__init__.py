@@ -58,6 +58,19 @@ class Mode(abc.ABC):
         return False
 
 
+@dataclass(frozen=True)
+class ExactMode(Mode):
+    """A mode that reproduces the reference epoch by epoch: no staleness, and no gate of its own
+    (the wait for the previous epoch's weights already holds every interval back)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness:
+            raise ValueError(f"{self.name} mode has no staleness")
+
+    def may_start(self, epoch: int, min_epoch: int) -> bool:
+        return True
+
+
 EVAL_SUFFIX = ".eval"
 
 

@@ -5,19 +5,12 @@ step. Exact."""
 
 from dataclasses import dataclass
 
-from graphserver.modes import Mode
+from graphserver.modes import ExactMode
 
 
 @dataclass(frozen=True)
-class Pipe(Mode):
+class Pipe(ExactMode):
     name = "pipe"
-
-    def __post_init__(self) -> None:
-        if self.staleness:
-            raise ValueError("pipe mode has no staleness")
-
-    def may_start(self, epoch: int, min_epoch: int) -> bool:
-        return True  # the wait for the previous epoch's weights already holds every interval back
 
     def barrier_after_stage(self) -> bool:
         return False
