@@ -172,6 +172,17 @@ def _output(out: np.ndarray | None, rows: int, width: int) -> np.ndarray:
     return out
 
 
+def _entry_operands(values: Any, row_scale: Any, col_scale: Any, nnz: int, rows: int,
+                    num_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, row_scale, col_scale)`` checked as float32 of ``nnz``, ``rows`` and ``num_cols``
+    entries; an absent scale is an empty array (the kernels' "none")."""
+    v = _values(values, nnz)
+    empty = np.empty(0, np.float32)
+    rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
+    cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
+    return v, rs, cs
+
+
 def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: Any = None,
            col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
     r"""``out[r] = row_scale[r] * sum_{k in [indptr[r], indptr[r+1])} values[k] * col_scale[indices[k]] * x[indices[k]]``.
@@ -192,10 +203,7 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
         raise ValueError(f"x must be 2-D [C, F], got shape {x.shape}")
     rows = indptr.shape[0] - 1
     num_cols, width = x.shape
-    empty = np.empty(0, np.float32)
-    v = _values(values, nnz)
-    rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
-    cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
+    v, rs, cs = _entry_operands(values, row_scale, col_scale, nnz, rows, num_cols)
     out = _output(out, rows, width)
     if rows == 0 or width == 0:
         return out
@@ -280,10 +288,7 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
     if g.ndim != 2 or g.shape[0] != rows:
         raise ValueError(f"g must be 2-D [R = {rows}, F], got shape {g.shape}")
     width = g.shape[1]
-    empty = np.empty(0, np.float32)
-    v = _values(values, nnz)
-    rs = empty if row_scale is None else _as(row_scale, np.float32, "row_scale", rows)
-    cs = empty if col_scale is None else _as(col_scale, np.float32, "col_scale", num_cols)
+    v, rs, cs = _entry_operands(values, row_scale, col_scale, nnz, rows, num_cols)
     out = _output(out, num_cols, width)
     if num_cols == 0 or width == 0:
         return out
