@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import math
 import re
@@ -18,31 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
-from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
-from graphserver.backends import BACKENDS  # the registry only: a backend's module (torch) loads on use
+from graphserver.backends import BACKENDS, backend_class
+from graphserver.backends.serverless import MAX_FALLBACK_AFTER, WORKER_MB, WORKERS_PER_CPU
 
 # dorylus.partition.placement.CHOICES (a test holds them equal; importing it here would load the store)
 PARTITION_METHODS = ("auto", "metis", "random", "contiguous", "ldg", "fennel")
 
-DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices the gpu backend runs on
 # Intervals per graph server: each is a function call per stage, a thread and a slot in the
 # scheduler; beyond this the calls cost more invokes than any overlap repays (a part with fewer
 # owned vertices than intervals gets one interval per vertex).
 MAX_INTERVALS = 1024
 # Concurrent function calls per graph server: AWS Lambda's default concurrency limit per region.
 MAX_FUNCTIONS = 1000
-# Failed attempts of one call before its graph server runs it: each is an invoke billed, and up to
-# this many attempts of a straggling call may be in flight at once.
-MAX_FALLBACK_AFTER = 100
 # Automatic restarts of a run's roles: a run that loses roles more often than this is not unlucky.
 MAX_RECOVERIES = 100
-# A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
-# handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
-# WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
-WORKER_MB = 256
-WORKERS_PER_CPU = 32
 
 
 # Fields only the coordinator (or the local emulator, or pricing) reads: a cluster-mode run may
@@ -121,7 +111,7 @@ class _Config:
     backend: str = _opt("lambda", "where the tensor work runs: 'lambda' = functions through the Lambda Invoke API "
                         "(local emulator), 'cpu' = in the graph servers, 'gpu' = in the graph servers on a torch "
                         "device (--device), Gather and Scatter included, 'reference' = single-process PyTorch",
-                        (*BACKENDS, "reference"))
+                        tuple(BACKENDS))
     device: str = _opt("cuda", "gpu backend: the torch device every graph server keeps its partition on and computes "
                        "on: 'cuda' (the current CUDA device), 'cuda:N', or 'cpu' (torch's CPU kernels; for "
                        "machines without a GPU and for tests)")
@@ -233,10 +223,8 @@ class _Config:
 
     def __post_init__(self) -> None:
         self._resolve_model_defaults()
-        if self.graph_server_instance is None:
-            from dorylus.cost import default_graph_server_instance
-
-            self.graph_server_instance = default_graph_server_instance(self.backend)
+        if self.graph_server_instance is None and self.backend in BACKENDS:  # else validate names it
+            self.graph_server_instance = backend_class(self.backend).graph_server_instance
         self.validate()
 
     def _resolve_model_defaults(self) -> None:
@@ -277,18 +265,6 @@ class _Config:
                                                           f"{self.mode!r} with staleness {self.staleness}"),
             (math.isfinite(self.relaunch_min_s) and self.relaunch_min_s > 0, "relaunch_min_s must be > 0"),
             (math.isfinite(self.relaunch_ratio) and self.relaunch_ratio >= 1, "relaunch_ratio must be >= 1"),
-            (1 <= self.fallback_after <= MAX_FALLBACK_AFTER,
-             f"fallback_after must be in [1, {MAX_FALLBACK_AFTER}], got {self.fallback_after}"),
-            (self.lambda_cold_start_ms >= 0 and self.lambda_keep_warm_s >= 0 and self.lambda_bandwidth_mbps >= 0,
-             "lambda_cold_start_ms, lambda_keep_warm_s and lambda_bandwidth_mbps must be >= 0"),
-            (all(0.0 <= f <= 1.0 for f in (self.fault_raise, self.fault_crash, self.fault_hang, self.fault_straggle))
-             and self.fault_raise + self.fault_crash + self.fault_hang + self.fault_straggle <= 1.0,
-             "fault fractions must be in [0, 1] and sum to at most 1"),
-            (self.fault_straggle_factor >= 1, "fault_straggle_factor must be >= 1"),
-            (MEMORY_RANGE_MB[0] <= self.lambda_memory_mb <= MEMORY_RANGE_MB[1],
-             f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
-             f"got {self.lambda_memory_mb}"),
-            (self.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
             (all(math.isfinite(v) and v >= 0 for v in (self.net_latency_ms, self.net_bandwidth_mbps,
                                                         self.compute_jitter)),
              "net_latency_ms, net_bandwidth_mbps and compute_jitter must be finite numbers >= 0"),
@@ -300,9 +276,6 @@ class _Config:
              f"stale_correction needs --mode async with --staleness >= 1 (older ghost rows to correct), got mode "
              f"{self.mode!r} with staleness {self.staleness}"),
             (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0, "task_timeout_s must be > 0"),
-            (self.backend != "lambda" or self.task_timeout_s <= MAX_TIMEOUT_S,
-             f"task_timeout_s must be <= {MAX_TIMEOUT_S:.0f} with the lambda backend (Lambda's limit), "
-             f"got {self.task_timeout_s:g}"),
             (math.isfinite(self.watchdog_min_s) and self.watchdog_min_s > 0, "watchdog_min_s must be > 0"),
             (math.isfinite(self.watchdog_factor) and self.watchdog_factor >= 1, "watchdog_factor must be >= 1"),
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
@@ -310,11 +283,8 @@ class _Config:
              f"max_recoveries must be in [0, {MAX_RECOVERIES}], got {self.max_recoveries}"),
             (self.max_message_mb is None or (math.isfinite(self.max_message_mb) and self.max_message_mb >= 1),
              "max_message_mb must be >= 1"),
-            (DEVICE_PATTERN.fullmatch(self.device) is not None,
-             f"device {self.device!r} (--device) is not a torch device the gpu backend runs on: 'cuda', "
-             "'cuda:N' or 'cpu'"),
-            (self.gpu_memory_fraction is None or 0.0 < self.gpu_memory_fraction <= 1.0,
-             f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"),
+            # the options the run's backend owns and the combinations it refuses
+            *backend_class(self.backend).check_config(self),
         ]
         from dorylus.cost import DEFAULT_PRICES
 
@@ -358,61 +328,17 @@ class _Config:
             if (part, epoch) in pairs:
                 raise ConfigError(f"invalid config: preempt {item.strip()} is given twice")
             pairs.append((part, epoch))
-        if pairs and self.backend == "reference":
-            raise ConfigError("invalid config: preempt needs graph servers; the reference backend has none")
         epochs = len({epoch for _, epoch in pairs})
         if epochs > self.max_recoveries:
             raise ConfigError(f"invalid config: preempt names {epochs} epoch(s), each a recovery, but "
                               f"max_recoveries is {self.max_recoveries}")
         return pairs
 
-    def check_function_handler(self) -> None:
-        """Import the lambda backend's ``function_handler`` here, before anything is written, so
-        that a typo fails in one line instead of in every function call."""
-        if self.backend != "lambda":
-            return
-        module_name, _, attr = self.function_handler.partition(":")
-        try:
-            handler = getattr(importlib.import_module(module_name), attr) if module_name and attr else None
-        except Exception as exc:  # any import failure of user code is a config error here
-            raise ConfigError(f"invalid config: function_handler {self.function_handler!r} does not import: "
-                              f"{type(exc).__name__}: {exc}") from None
-        if not callable(handler):
-            raise ConfigError(f"invalid config: function_handler {self.function_handler!r} is not a "
-                              "module:callable")
-
-    def check_local_capacity(self, parts: int | None = None) -> None:
-        """A local lambda run's emulator can start a worker process for every call the graph
-        servers may have in flight (``parts`` servers; default: the config's, else 2), checked
-        before anything is written or started."""
-        if self.backend != "lambda":
-            return
-        parts = parts or self.parts or 2
-        per_server = self.functions or self.intervals
-        workers = parts * (per_server + 1)  # as LocalCluster sizes the emulator: relaunches beside stragglers
-        capacity, why = local_worker_capacity()
-        if workers > capacity:
-            flag = "--functions" if self.functions else "--intervals (--functions' default)"
-            raise ConfigError(f"invalid config: {flag} {per_server} needs {parts} x ({per_server} + 1) = {workers} "
-                              f"emulator workers, more than this machine can start ({capacity}: {why}); use "
-                              f"--functions {max(1, capacity // parts - 1)} or fewer")
-
-    def check_device(self) -> None:
-        """The gpu backend's ``device`` exists on this machine (CUDA built in, a device of that
-        index visible), checked before anything is written. Local mode checks it in the
-        coordinator; in cluster mode each graph server checks its own machine."""
-        if self.backend != "gpu" or not self.device.startswith("cuda"):
-            return
-        import torch
-
-        if not torch.cuda.is_available():
-            why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-            raise ConfigError(f"invalid config: device {self.device!r} (--device): CUDA is not available on this "
-                              f"machine ({why}); use --device cpu to run the gpu backend on torch's CPU kernels")
-        index = torch.device(self.device).index
-        if index is not None and index >= torch.cuda.device_count():
-            raise ConfigError(f"invalid config: device {self.device!r} (--device): this machine has "
-                              f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    def check_machine(self, parts: int | None = None) -> None:
+        """What the backend needs of this machine for a local run of ``parts`` graph servers
+        (default: the config's, else 2), checked before anything is written or started
+        (:meth:`graphserver.backends.RunBackend.check_machine`)."""
+        backend_class(self.backend).check_machine(self, parts)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -431,28 +357,6 @@ class _Config:
             return cls(**typed)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-
-
-def local_worker_capacity() -> tuple[int, str]:
-    """How many emulator worker processes this machine can run, and why: one per
-    :data:`WORKER_MB` of available memory, at most :data:`WORKERS_PER_CPU` per core."""
-    import os
-
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    available_mb = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available_mb = int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    by_cpu = WORKERS_PER_CPU * cpus
-    if available_mb is None:
-        return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
-    by_memory = max(1, available_mb // WORKER_MB)
-    if by_memory < by_cpu:
-        return by_memory, f"{available_mb:,} MB available / {WORKER_MB} MB per worker"
-    return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
 
 
 _BASE_FIELDS = {f.name: f for f in fields(_Config)}

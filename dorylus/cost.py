@@ -104,16 +104,7 @@ def value(seconds: float, dollars: float) -> float:
     return 1.0 / (seconds * dollars)
 
 
-# The instance a graph server is priced at when the config names none: its backend's machine.
-DEFAULT_GRAPH_SERVER_INSTANCE = {"lambda": "c5.2xlarge", "cpu": "c5.2xlarge", "reference": "c5.2xlarge",
-                                 "gpu": "p3.2xlarge"}
 COMPONENTS = ("functions", "graph_servers", "param_server")
-
-
-def default_graph_server_instance(backend: str) -> str:
-    """The instance type a ``backend`` run's graph servers are priced at by default: a CPU
-    machine (c5.2xlarge), or for ``gpu`` one V100 machine (p3.2xlarge, the Dorylus paper's GPU)."""
-    return DEFAULT_GRAPH_SERVER_INSTANCE.get(backend, DEFAULT_GRAPH_SERVER_INSTANCE["cpu"])
 
 
 @dataclass(frozen=True)
@@ -145,12 +136,16 @@ class Pricing:
     @classmethod
     def of_run(cls, config, parts: int | None) -> "Pricing":
         """The pricing of a run of ``config`` (a :class:`~dorylus.config.TrainConfig`) on ``parts``
-        graph servers; the single-process reference (``parts`` None) is one graph-server machine
-        and no parameter server."""
-        reference = parts is None
-        return cls(graph_server_instance=config.graph_server_instance, graph_servers=1 if reference else parts,
-                   param_server_instance=config.param_server_instance, param_servers=0 if reference else 1,
-                   lambda_memory_mb=config.lambda_memory_mb if config.backend == "lambda" else None)
+        graph servers; a run without (the single-process reference, ``parts`` None) is one
+        graph-server machine and no parameter server. Function calls are billed at the config's
+        memory when its backend makes them (:attr:`graphserver.backends.RunBackend.calls_functions`)."""
+        from graphserver.backends import backend_class
+
+        single = parts is None
+        return cls(graph_server_instance=config.graph_server_instance, graph_servers=1 if single else parts,
+                   param_server_instance=config.param_server_instance, param_servers=0 if single else 1,
+                   lambda_memory_mb=config.lambda_memory_mb if backend_class(config.backend).calls_functions
+                   else None)
 
     def epoch_cost(self, seconds: float, billed_gb_s: float = 0.0, requests: int = 0) -> dict[str, float]:
         """Dollars of an epoch of ``seconds`` wall time with ``billed_gb_s`` and ``requests`` of

@@ -24,6 +24,13 @@ from dorylus.normalize import NormalizedAdjacency, gcn_normalize, row_normalize
 from dorylus.runs import (
     Checkpoint, EpochProgress, RunDir, check_creatable_dir, default_run_dir, load_checkpoint, read_metrics,
 )
+from graphserver.backends import backend_class
+
+
+def has_graph_servers(config: TrainConfig) -> bool:
+    """Whether ``config``'s backend trains on graph servers (a partition store, a parameter
+    server), else on the whole graph in this process (``reference``)."""
+    return backend_class(config.backend).graph_servers
 
 
 @dataclass
@@ -158,13 +165,12 @@ RESUME_OVERRIDES = frozenset({"epochs", "eval_every", "checkpoint_every", "task_
 
 
 def check_new_run(config: TrainConfig) -> TrainConfig:
-    """``config`` with its run directory chosen, once the checks that need no data pass: the
-    function handler imports and the run directory can be created."""
+    """``config`` with its run directory chosen, once the checks that need no data pass: what
+    the backend needs of this machine (:meth:`~dorylus.config.TrainConfig.check_machine`) and
+    that the run directory can be created."""
     if config.run_dir is None:
         config = dataclasses.replace(config, run_dir=str(default_run_dir(config.dataset, config.backend)))
-    config.check_function_handler()
-    config.check_device()
-    config.check_local_capacity()
+    config.check_machine()
     check_creatable_dir(config.run_dir, "run directory")
     return config
 
@@ -179,9 +185,9 @@ def run_training(config: TrainConfig, dataset: GraphDataset | EdgeStream | None,
     from dorylus.data.loaders import load_dataset
 
     config = check_new_run(config)
-    if config.backend == "reference":
+    if not has_graph_servers(config):
         if dataset is None:
-            raise ConfigError("the reference backend trains on --dataset, not on a partition store")
+            raise ConfigError(f"the {config.backend} backend trains on --dataset, not on a partition store")
         if isinstance(dataset, EdgeStream):
             dataset = dataset.in_memory if dataset.in_memory is not None else load_dataset(config.dataset)
         return _run(config, RunDir.create, dataset, None, {"dataset": dataset.fingerprint(), "partitions": None},
@@ -233,8 +239,12 @@ def _open_cluster(config: TrainConfig, where: ClusterArgs):
     spec = load_cluster_file(where.file)
     if not where.wait_s > 0:
         raise ConfigError(f"--cluster-wait-s must be > 0, got {where.wait_s}")
-    if config.backend == "reference":
-        raise ConfigError("cluster mode runs the lambda, cpu or gpu backend on the cluster's servers, not 'reference'")
+    if not has_graph_servers(config):
+        from graphserver.backends import BACKENDS
+
+        served = [name for name in BACKENDS if backend_class(name).graph_servers]
+        raise ConfigError(f"cluster mode runs the {', '.join(served[:-1])} or {served[-1]} backend on the cluster's "
+                          f"servers, not {config.backend!r}")
     if config.partitions not in (None, spec.store):
         raise ConfigError(f"--partitions {config.partitions} disagrees with the store of cluster file {spec.path}, "
                           f"{spec.store} (omit --partitions in cluster mode)")
@@ -307,16 +317,14 @@ def resume_training(run_dir: str | Path, overrides: dict[str, Any] | None = None
             raise
         return _run(config, lambda path, c: RunDir.reopen(path, c, checkpoint.epoch), None, remote.store,
                     dict(checkpoint.identity), checkpoint, progress, cluster=remote)
-    config.check_function_handler()
-    config.check_device()
-    config.check_local_capacity()
+    config.check_machine()
     own_store = run_dir / "partitions"
     store = None
-    if config.backend != "reference":
+    if has_graph_servers(config):
         store = open_store(config.partitions or own_store, verify=True)
     dataset = None
     if checkpoint.identity.get("dataset"):  # the graph servers load the store: only the reference needs it whole
-        dataset = load_dataset(config.dataset) if config.backend == "reference" else open_edge_stream(config.dataset)
+        dataset = open_edge_stream(config.dataset) if has_graph_servers(config) else load_dataset(config.dataset)
     identity = {"dataset": dataset.fingerprint() if dataset is not None else None,
                 "partitions": store.fingerprint() if checkpoint.identity.get("partitions") else None}
     for what, was in checkpoint.identity.items():
@@ -362,7 +370,7 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
                               extra={"dataset": cluster.store.meta.dataset, "num_nodes": cluster.store.meta.num_nodes,
                                      "num_edges": cluster.store.meta.num_edges, "parts": cluster.store.num_parts,
                                      "cluster": str(cluster.spec.path)})
-        if config.backend == "reference":
+        if not has_graph_servers(config):
             trainer = ReferenceTrainer(config, prepare_graph(dataset, config))
             return _train(config, trainer, run, identity, checkpoint, progress,
                           extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,

@@ -280,7 +280,8 @@ def test_train_functions_above_lambdas_limit(tmp_path):
 
 
 def test_train_functions_above_what_this_machine_can_start(tmp_path):
-    from dorylus.config import MAX_FUNCTIONS, local_worker_capacity
+    from dorylus.config import MAX_FUNCTIONS
+    from graphserver.backends.serverless import local_worker_capacity
 
     capacity, _ = local_worker_capacity()
     # 2 parts x (capacity + 1) workers: twice what fits. The capacity follows available memory,

@@ -10,7 +10,7 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.cost import (
-    COMPONENTS, DEFAULT_PRICES, Pricing, default_graph_server_instance, epoch_metrics, lambda_cost_usd, value,
+    COMPONENTS, DEFAULT_PRICES, Pricing, epoch_metrics, lambda_cost_usd, value,
 )
 from dorylus.errors import ConfigError
 from dorylus.runs import EpochProgress, read_metrics
@@ -70,7 +70,8 @@ def test_pricing_of_a_run_follows_its_backend():
 def test_graph_server_instance_defaults_to_the_backends_machine():
     assert TrainConfig(backend="cpu").graph_server_instance == "c5.2xlarge"
     assert TrainConfig(backend="lambda").graph_server_instance == "c5.2xlarge"
-    assert default_graph_server_instance("gpu") == "p3.2xlarge"
+    assert TrainConfig(backend="gpu", device="cpu").graph_server_instance == "p3.2xlarge"
+    assert TrainConfig(backend="reference").graph_server_instance == "c5.2xlarge"
     assert TrainConfig(backend="cpu", graph_server_instance="c5n.4xlarge").graph_server_instance == "c5n.4xlarge"
     with pytest.raises(ConfigError, match="graph_server_instance='m9.huge' is not in the price table"):
         TrainConfig(graph_server_instance="m9.huge")

@@ -10,8 +10,9 @@ from dorylus.errors import ConfigError
 from dorylus.models import MODELS
 from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import WORKLOADS
-from dorylus.plan.model import BACKENDS, MODES, Prediction, graph_bytes
+from dorylus.plan.model import MODES, Prediction, graph_bytes
 from dorylus.plan.runtime import measure
+from graphserver.backends import BACKENDS
 from dorylus.plan.planner import (
     LocalOptions, ScaleOptions, SpotOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options,
     spot_estimate, to_json,
@@ -70,12 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--workload", action="append", choices=sorted(WORKLOADS),
                        help="workload(s) to price, repeatable (default: all)")
     defaults = ScaleOptions()
-    scale.add_argument("--lambda-server", default=defaults.lambda_server,
-                       help="graph-server instance of the lambda configuration (default %(default)s)")
-    scale.add_argument("--cpu-server", default=defaults.cpu_server,
-                       help="graph-server instance of the CPU-only configuration (default %(default)s)")
-    scale.add_argument("--gpu-server", default=defaults.gpu_server,
-                       help="GPU instance of the GPU configuration (default %(default)s)")
+    scale.add_argument("--server", action="append", default=[], metavar="BACKEND=INSTANCE", type=backend_server,
+                       help="graph-server instance of BACKEND's configuration, repeatable (default: the backend's: "
+                            "c5n.2xlarge for lambda and cpu, p3.2xlarge for gpu)")
     scale.add_argument("--param-server", default=defaults.param_server,
                        help="parameter-server instance (default %(default)s)")
     spot = parser.add_argument_group(
@@ -98,6 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="spot's saving over on-demand, in [0, 1) (default: the instance family's typical "
                            "saving from the Spot Instance Advisor, in dorylus/plan/catalog.py)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the predictions to FILE as JSON")
+
+
+def backend_server(text: str) -> tuple[str, str]:
+    """``--server BACKEND=INSTANCE`` as ``(backend, instance)``."""
+    backend, sep, server = text.partition("=")
+    if not sep or backend not in BACKENDS or not server:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BACKEND=INSTANCE with BACKEND one of {', '.join(BACKENDS)}")
+    return backend, server
 
 
 def spot_options(args: argparse.Namespace) -> SpotOptions | None:
@@ -151,7 +157,7 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
         shape = local_shape(args.dataset, args.partitions, args.parts, args.cut_fraction)
         options = LocalOptions(intervals=args.intervals, functions=args.functions, cut_fraction=args.cut_fraction,
                                static_cached=args.static_cached)
-        backends = args.backend or ["lambda", "cpu"]
+        backends = args.backend or ["lambda", "cpu"]  # the paper's comparison: functions or not, same servers
         source = args.dataset or args.partitions
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers if not args.run else None),
                                    ("lambda_memory_mb", args.lambda_memory_mb), ("mode", args.mode),
@@ -184,7 +190,7 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
     defaults = ScaleOptions()
     options = ScaleOptions(hidden=args.hidden or defaults.hidden, layers=args.layers, cut_fraction=args.cut_fraction,
                            lambda_memory_mb=args.lambda_memory_mb,
-                           lambda_server=args.lambda_server, cpu_server=args.cpu_server, gpu_server=args.gpu_server,
+                           servers=tuple(args.server),
                            param_server=args.param_server, mode=args.mode or defaults.mode,
                            evaluate=defaults.evaluate if args.evaluate is None else args.evaluate,
                            static_cached=args.static_cached)

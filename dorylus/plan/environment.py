@@ -90,9 +90,9 @@ def local(calibration: Calibration, setup: Setup) -> Environment:
     ``calibration.contention`` times as long as their kernels alone."""
     cores, parts, slow = calibration.cores, setup.parts, calibration.contention
     threads = cores / parts if cores < parts else cores // parts
-    if setup.backend == "gpu":
+    if setup.runs.device == "gpu":
         if calibration.gpu is None:
-            raise ConfigError("plan: the gpu backend on this machine needs a calibration with a GPU "
+            raise ConfigError(f"plan: the {setup.backend} backend on this machine needs a calibration with a GPU "
                               "(none here: pass --calibration FILE taken on a GPU machine)")
         server = calibration.gpu.scaled(1 / slow)
     else:
@@ -101,11 +101,11 @@ def local(calibration: Calibration, setup: Setup) -> Environment:
     env = Environment(server=server, ghost_link=link, server_link=link, round_trip_s=calibration.round_trip_s * slow,
                       stage_s=calibration.stage_s, cache_sharers=parts,
                       where=f"this machine ({calibration.host}, {cores} cores)")
-    if setup.backend != "lambda":
+    if not setup.runs.calls_functions:
         return env
     if calibration.invoke_s is None:
-        raise ConfigError("plan: the calibration has no invoke latency (taken with --no-emulator), so the local "
-                          "lambda backend cannot be predicted")
+        raise ConfigError(f"plan: the calibration has no invoke latency (taken with --no-emulator), so the local "
+                          f"{setup.backend} backend cannot be predicted")
     at_once = parts * min(setup.functions, setup.intervals)
     return replace(env, function=calibration.cpu.scaled(min(1.0, cores / at_once) / slow), call_link=link,
                    invoke_s=calibration.invoke_s * slow, call_s=calibration.call_s or 0.0)
@@ -113,8 +113,9 @@ def local(calibration: Calibration, setup: Setup) -> Environment:
 
 def aws(calibration: Calibration, setup: Setup) -> Environment:
     """``setup`` deployed on AWS (see the module docstring)."""
-    machine = instance(setup.graph_server, gpu=setup.backend == "gpu")
-    if setup.backend == "gpu":
+    on_gpu = setup.runs.device == "gpu"
+    machine = instance(setup.graph_server, gpu=on_gpu)
+    if on_gpu:
         server, source = gpu_rates(GPUS[machine.gpu], calibration)
     else:
         server, source = calibration.cpu.scaled(cores_factor(machine.cores)), f"{calibration.host} per core"
@@ -122,7 +123,7 @@ def aws(calibration: Calibration, setup: Setup) -> Environment:
     link = machine.network_bytes_per_s
     env = Environment(server=server, ghost_link=link / setup.graph_servers_per_instance, server_link=link,
                       round_trip_s=round_trip, stage_s=calibration.stage_s, where=f"AWS ({source})")
-    if setup.backend != "lambda":
+    if not setup.runs.calls_functions:
         return env
     return replace(env, function=calibration.cpu.scaled(cores_factor(LAMBDA.vcpus(setup.lambda_memory_mb))),
                    call_link=LAMBDA.bytes_per_s, invoke_s=LAMBDA.start_s)

@@ -69,6 +69,7 @@ from dorylus.errors import ConfigError
 from dorylus.models import MODELS, get_model
 from dorylus.models.base import Work
 from dorylus.plan.calibration import Rates
+from graphserver.backends import BACKENDS, RunBackend, backend_class
 
 FLOAT = 4                  # bytes of a float32
 ID = 8                     # bytes of an int64 vertex id or label
@@ -80,7 +81,6 @@ CALL_ROUND_TRIPS = 2
 POLL_S = 0.005             # the coordinator polls the graph servers' progress this often (half on average)
 STATIC_ROW_BYTES = {"ids": 8, "labels": 8, "split": 1}  # int64, int64, uint8; "X" is features x float32
 STATIC_ROWS = frozenset(("X", *STATIC_ROW_BYTES))  # a partition's own inputs (dorylus.models.base.STATIC)
-BACKENDS = ("lambda", "cpu", "gpu")
 MODES = ("sync", "pipe")
 
 
@@ -160,6 +160,8 @@ class Setup:
 
     def __post_init__(self) -> None:
         checks = [(self.backend in BACKENDS, f"backend must be one of {', '.join(BACKENDS)}"),
+                  (self.backend not in BACKENDS or self.runs.graph_servers,
+                   f"the {self.backend} backend has no graph servers to predict"),
                   (self.mode in MODES, f"mode must be one of {', '.join(MODES)}"),
                   (self.parts >= 1 and self.intervals >= 1 and self.functions >= 1 and self.layers >= 1
                    and self.hidden >= 1 and self.graph_servers_per_instance >= 1,
@@ -168,6 +170,11 @@ class Setup:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"plan: {message}")
+
+    @property
+    def runs(self) -> type[RunBackend]:
+        """The backend's class: what it costs and where its work runs (its pricing attributes)."""
+        return backend_class(self.backend)
 
     @property
     def instances(self) -> int:
@@ -319,7 +326,7 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
     ==============  ======================================================================
 
-    The ``gpu`` backend's figure is its device's (:class:`graphserver.backends.gpu.DeviceState`):
+    A backend on a GPU (the ``gpu`` backend's :class:`graphserver.backends.gpu.DeviceState`) holds:
     torch CSR matrices of A_hat and its transpose, each a column id and a float32 value per
     entry and a row pointer of the indices' type per row, the static inputs (features, int64 ids
     and labels, uint8 split) and the row buffers.
@@ -329,7 +336,7 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     _, plan = model_plan(shape, setup)
     n, local, m = shape.owned, shape.owned + shape.ghosts, shape.nnz
     buffers = FLOAT * sum(width * (local if name in plan.ghosted else n) for name, width in plan.widths.items())
-    if setup.backend == "gpu":
+    if setup.runs.device == "gpu":
         forward, backward = vertex_dtype(local).itemsize, vertex_dtype(n).itemsize
         return {"matrix": m * (forward + FLOAT) + forward * (n + 1),
                 "transpose": m * (backward + FLOAT) + backward * (local + 1),
@@ -364,9 +371,10 @@ def graph_bytes(shape: Shape, setup: Setup) -> tuple[float, float]:
 
 def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = DEFAULT_PRICES) -> Prediction:
     """Seconds, dollars and value of one epoch of ``setup`` on ``shape`` in ``env``."""
-    if setup.backend == "lambda" and (env.function is None or env.call_link is None or env.invoke_s is None):
-        raise ConfigError(f"plan: the lambda backend needs function rates, a call link and an invoke latency "
-                          f"({env.where or 'environment'} has none)")
+    functions = setup.runs.calls_functions
+    if functions and (env.function is None or env.call_link is None or env.invoke_s is None):
+        raise ConfigError(f"plan: the {setup.backend} backend needs function rates, a call link and an invoke "
+                          f"latency ({env.where or 'environment'} has none)")
     spec, plan = model_plan(shape, setup)
     layers = {layer.index: layer for layer in spec.layers}
     weight_sizes = spec.layer_sizes()
@@ -393,7 +401,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             elif stage.kind == "vertex":
                 seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server)
                 graph = True
-            elif setup.backend == "lambda":
+            elif functions:
                 work = task_work(stage, layer, rows, training, setup.model)
                 moved = call_bytes(stage, weight_sizes[stage.layer], plan.widths, shape.features, rows, training,
                                    setup.static_cached)
@@ -403,7 +411,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 calls += I * shape.parts
                 billed_s += I * shape.parts * max(0.001, math.ceil((call - env.invoke_s) * 1000) / 1000)
                 graph = False
-            else:  # cpu, gpu: the model's compute in the graph server; weights and gradient over the network
+            else:  # the model's compute in the graph server (cpu, gpu); weights and gradient over the network
                 messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
                 seconds = (task_work(stage, layer, n, training, setup.model).seconds(env.server)
                            + waves * messages * env.round_trip_s)
@@ -424,7 +432,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
     billed_gb_s = billed_s * setup.lambda_memory_mb / 1024
     pricing = Pricing(graph_server_instance=setup.graph_server, graph_servers=setup.instances,
                       param_server_instance=setup.param_server, param_servers=1,
-                      lambda_memory_mb=setup.lambda_memory_mb if setup.backend == "lambda" else None, prices=prices)
+                      lambda_memory_mb=setup.lambda_memory_mb if functions else None, prices=prices)
     components = pricing.epoch_cost(epoch_s, billed_gb_s, calls)
     cost = sum(components.values())
     return Prediction(setup=setup, shape=shape, where=env.where, epoch_s=epoch_s, task_s=task_s, calls=calls,

@@ -1,17 +1,20 @@
 """Choosing configurations to predict: at scale on AWS, and on this machine.
 
-At scale (:func:`plan_scale`), for each workload of :data:`dorylus.plan.catalog.WORKLOADS`:
+At scale (:func:`plan_scale`), for each workload of :data:`dorylus.plan.catalog.WORKLOADS`, every
+registered backend with graph servers (:data:`graphserver.backends.BACKENDS`), each on its
+``scale_instance`` unless ``ScaleOptions.servers`` names another:
 
 * (a) ``lambda``: CPU graph servers with Lambda functions for the tensor work;
 * (b) ``cpu``: the same graph servers doing the tensor work themselves;
 * (c) ``gpu``: GPU instances, one graph server per GPU.
 
 Graph servers: the fewest whose largest partition fits in ``memory_fraction`` of a server's
-memory (of a GPU's, for ``gpu``), ghost rows included (:func:`dorylus.plan.model.server_memory_bytes`).
-Intervals: ``cpu`` one per vCPU; ``gpu`` one; ``lambda`` the count (a power of two up to the
-account's concurrency over the servers) and the function's memory (:data:`LAMBDA_MEMORY_MB`,
-unless given) of highest predicted value among those whose calls fit in the function's memory,
-every call of a stage at once.
+memory (of a GPU's, for a backend on a GPU), ghost rows included
+(:func:`dorylus.plan.model.server_memory_bytes`). Intervals: the backend's ``scale_intervals``
+(``cpu`` one per vCPU; ``gpu`` one); for a backend that calls functions (``lambda``) the count
+(a power of two up to the account's concurrency over the servers) and the function's memory
+(:data:`LAMBDA_MEMORY_MB`, unless given) of highest predicted value among those whose calls fit
+in the function's memory, every call of a stage at once.
 
 On this machine (:func:`plan_local`): the setup ``dorylus train`` would run with the same
 options, priced as that run is priced (:meth:`dorylus.cost.Pricing.of_run`).
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.config import TrainConfig
-from dorylus.cost import DEFAULT_PRICES, default_graph_server_instance
+from dorylus.cost import DEFAULT_PRICES
 from dorylus.errors import ConfigError
 from dorylus.plan import environment
 from dorylus.plan.calibration import Calibration
@@ -51,6 +54,7 @@ from dorylus.plan.catalog import GIB, LAMBDA, WORKLOADS, Workload, instance, spo
 from dorylus.models import MODELS
 from dorylus.plan.model import Prediction, Setup, Shape, best, even_shape, model_plan, predict, \
     row_bytes, server_memory_bytes
+from graphserver.backends import BACKENDS, backend_class
 
 MAX_PARTS = 4096
 LAMBDA_MEMORY_MB = (512, 1024, 1769, 3008)  # function sizes the planner tries: a third of a vCPU to 1.7 vCPUs
@@ -65,9 +69,7 @@ class ScaleOptions:
     layers: int = 2
     cut_fraction: float = 0.5
     lambda_memory_mb: int | None = None  # None: the best of LAMBDA_MEMORY_MB
-    lambda_server: str = "c5n.2xlarge"
-    cpu_server: str = "c5n.2xlarge"
-    gpu_server: str = "p3.2xlarge"
+    servers: tuple[tuple[str, str], ...] = ()  # (backend, graph-server instance); else its scale_instance
     param_server: str = "c5.xlarge"
     mode: str = "pipe"
     evaluate: bool = False
@@ -77,6 +79,14 @@ class ScaleOptions:
     def __post_init__(self) -> None:
         if not 0 < self.memory_fraction <= 1:
             raise ConfigError(f"plan: memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        unknown = [name for name, _ in self.servers if name not in BACKENDS]
+        if unknown:
+            raise ConfigError(f"plan: no backend {unknown[0]!r} to give a graph-server instance; known: "
+                              f"{', '.join(BACKENDS)}")
+
+    def server(self, backend: str) -> str:
+        """The graph-server instance of ``backend``'s configuration."""
+        return dict(self.servers).get(backend) or backend_class(backend).scale_instance
 
 
 def fit_parts(workload: Workload, setup: Setup, capacity_bytes: float, cut_fraction: float) -> Shape:
@@ -102,23 +112,25 @@ def call_fits(shape: Shape, setup: Setup, memory_fraction: float) -> bool:
 
 
 def plan_workload(workload: Workload, calibration: Calibration, options: ScaleOptions) -> list[Prediction]:
-    """Predictions of (a) lambda, (b) cpu and (c) gpu for ``workload`` (see the module docstring)."""
+    """A prediction of every backend with graph servers for ``workload`` (see the module docstring)."""
     o = options
     common = dict(hidden=o.hidden, layers=o.layers, param_server=o.param_server, mode=o.mode, evaluate=o.evaluate,
                   static_cached=o.static_cached)
     predictions = []
-    for backend, server_type in (("lambda", o.lambda_server), ("cpu", o.cpu_server), ("gpu", o.gpu_server)):
-        machine = instance(server_type, gpu=backend == "gpu")
-        per_instance = machine.gpus if backend == "gpu" else 1
-        capacity = o.memory_fraction * GIB * (machine.memory_gib if backend != "gpu" else
-                                              environment.GPUS[machine.gpu].memory_gib)
-        intervals = {"lambda": 1, "cpu": machine.vcpus, "gpu": 1}[backend]
+    for backend in (name for name in BACKENDS if backend_class(name).graph_servers):
+        runs, server_type = backend_class(backend), o.server(backend)
+        on_gpu = runs.device == "gpu"
+        machine = instance(server_type, gpu=on_gpu)
+        per_instance = machine.gpus if on_gpu else 1
+        capacity = o.memory_fraction * GIB * (environment.GPUS[machine.gpu].memory_gib if on_gpu else
+                                              machine.memory_gib)
+        intervals = runs.scale_intervals(machine)
         setup = Setup(backend=backend, graph_server=server_type, parts=1, intervals=intervals, functions=intervals,
                       lambda_memory_mb=o.lambda_memory_mb or LAMBDA_MEMORY_MB[-1],
                       graph_servers_per_instance=per_instance, **common)
         shape = fit_parts(workload, setup, capacity, o.cut_fraction)
         setup = replace(setup, parts=shape.parts)
-        if backend == "lambda":
+        if runs.calls_functions:
             limit = max(1, LAMBDA.account_concurrency // shape.parts)
             counts = [2 ** k for k in range(int(math.log2(limit)) + 1)]
             sizes = (o.lambda_memory_mb,) if o.lambda_memory_mb else LAMBDA_MEMORY_MB
@@ -201,7 +213,7 @@ def local_shape(dataset: str | None, partitions: str | None, parts: int | None, 
 
 def plan_local(calibration: Calibration, shape: Shape, options: LocalOptions) -> Prediction:
     o = options
-    setup = Setup(backend=o.backend, graph_server=o.graph_server_instance or default_graph_server_instance(o.backend),
+    setup = Setup(backend=o.backend, graph_server=o.graph_server_instance or backend_class(o.backend).graph_server_instance,
                   parts=shape.parts, intervals=o.intervals, functions=min(o.functions or o.intervals, o.intervals),
                   hidden=o.hidden, layers=o.layers, lambda_memory_mb=o.lambda_memory_mb,
                   param_server=o.param_server_instance, mode=o.mode, evaluate=o.evaluate,
@@ -234,9 +246,10 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
 
     run = load_run(run_dir)
     c = run.config
-    if c.get("backend") not in ("lambda", "cpu", "gpu"):
-        raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts lambda, cpu "
-                          f"and gpu runs")
+    predicted = [name for name in BACKENDS if backend_class(name).graph_servers]
+    if c.get("backend") not in predicted:
+        raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts "
+                          f"{', '.join(predicted[:-1])} and {predicted[-1]} runs")
     if c.get("model", "gcn") not in MODELS:
         raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models "
                           f"{', '.join(MODELS)}")

@@ -10,8 +10,6 @@ import asyncio
 import concurrent.futures
 from typing import Any
 
-import torch
-
 from dorylus.models import get_model
 from dorylus.protocol import Header, Op
 from graphserver.backends import LimitedBackend, call_key
@@ -24,7 +22,10 @@ class CpuBackend(LimitedBackend):
         self.limiter = PriorityLimiter(concurrency)
         # As many computations at once as the server has threads (--threads): more interleave on
         # the same cores at no gain, each holding its interval's temporaries (a wide layer's
-        # logits and gradient are 100s of MB), and oversubscribe the cores.
+        # logits and gradient are 100s of MB), and oversubscribe the cores. torch is imported here,
+        # not with the module, which the config and the planner import without a graph server.
+        import torch
+
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(server.config.intervals, torch.get_num_threads())))
         self.calls = 0

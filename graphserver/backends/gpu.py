@@ -50,6 +50,7 @@ by default an equal share less a CUDA context per process (:func:`memory_fractio
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import numpy as np
@@ -71,6 +72,22 @@ from graphserver.state import PartitionState
 # (unslothai/unsloth-zoo#1053); cuBLAS and cuSPARSE load more kernels on first use. 512 MiB per
 # graph server is reserved: not measured here (no GPU was available when this was written).
 CONTEXT_RESERVE_BYTES = 512 * 2**20
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices this backend runs on
+
+
+def check_device(config) -> None:
+    """``config.device`` exists on this machine (CUDA built in, a device of that index visible):
+    checked before a local run writes anything, and by each graph server on its own machine."""
+    if not config.device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"invalid config: device {config.device!r} (--device): CUDA is not available on this "
+                          f"machine ({why}); use --device cpu to run the gpu backend on torch's CPU kernels")
+    index = torch.device(config.device).index
+    if index is not None and index >= torch.cuda.device_count():
+        raise ConfigError(f"invalid config: device {config.device!r} (--device): this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
 
 
 def set_tf32(allow: bool) -> None:
@@ -102,7 +119,7 @@ def open_device(config, parts: int) -> torch.device:
     """The torch device of ``config.device``, checked (ConfigError if absent); on CUDA made this
     thread's current device, with TF32 as ``config.allow_tf32`` says and this process's memory
     budget set."""
-    config.check_device()
+    check_device(config)
     device = torch.device(config.device)
     if device.type != "cuda":
         print(f"gpu backend: device {device} (torch's CPU kernels)", flush=True)
@@ -414,7 +431,32 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 class GpuBackend(CpuBackend):
     """The cpu backend's in-process calls, on a :class:`DeviceState`; when the graph server
-    stops, its log gets the CUDA device's peak memory (what benchmarks/bench_gpu.py reads)."""
+    stops, its log gets the CUDA device's peak memory (what benchmarks/bench_gpu.py reads).
+    Priced and planned as one GPU per graph server (a V100 machine, the Dorylus paper's GPU, when
+    the config names no instance)."""
+
+    graph_server_instance = "p3.2xlarge"
+    device = "gpu"
+    scale_instance = "p3.2xlarge"
+
+    @classmethod
+    def check_config(cls, config) -> list[tuple[bool, str]]:
+        return [
+            (DEVICE_PATTERN.fullmatch(config.device) is not None,
+             f"device {config.device!r} (--device) is not a torch device the gpu backend runs on: 'cuda', "
+             "'cuda:N' or 'cpu'"),
+            (config.gpu_memory_fraction is None or 0.0 < config.gpu_memory_fraction <= 1.0,
+             f"gpu_memory_fraction must be in (0, 1], got {config.gpu_memory_fraction}"),
+        ]
+
+    @classmethod
+    def check_machine(cls, config, parts: int | None = None) -> None:
+        check_device(config)
+
+    @classmethod
+    def scale_intervals(cls, machine) -> int:
+        """One: a stage's kernels already fill the GPU."""
+        return 1
 
     @classmethod
     def make_state(cls, config, part, plan, *, parts: int):

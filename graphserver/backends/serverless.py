@@ -26,16 +26,154 @@ of well under a millisecond. Those calls count in ``invocations`` of :meth:`take
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
+import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
+from dorylus.errors import ConfigError
+from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.models import get_model
 from dorylus.models.base import Work
-from graphserver.backends import LimitedBackend, call_key
+from graphserver.backends import LimitedBackend, LocalServices, call_key
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
+
+# A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
+# handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
+# WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
+WORKER_MB = 256
+WORKERS_PER_CPU = 32
+# Failed attempts of one call before its graph server runs it: each is an invoke billed, and up to
+# this many attempts of a straggling call may be in flight at once.
+MAX_FALLBACK_AFTER = 100
+
+
+def local_worker_capacity() -> tuple[int, str]:
+    """How many emulator worker processes this machine can run, and why: one per
+    :data:`WORKER_MB` of available memory, at most :data:`WORKERS_PER_CPU` per core."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available_mb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available_mb = int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    by_cpu = WORKERS_PER_CPU * cpus
+    if available_mb is None:
+        return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
+    by_memory = max(1, available_mb // WORKER_MB)
+    if by_memory < by_cpu:
+        return by_memory, f"{available_mb:,} MB available / {WORKER_MB} MB per worker"
+    return by_cpu, f"{WORKERS_PER_CPU} per core x {cpus} cores"
+
+
+def emulator_physics(config):
+    """The emulator's :class:`~dorylus.emulator.physics.Physics` from the config's ``lambda_*``
+    options, or the measured AWS figures with ``aws_like``."""
+    from dorylus.emulator.physics import AWS_LIKE, Physics
+
+    if config.aws_like:
+        return AWS_LIKE
+    return Physics(start_latency_ms=config.lambda_start_latency_ms, cold_start_ms=config.lambda_cold_start_ms,
+                   keep_warm_s=config.lambda_keep_warm_s, bandwidth_mbps=config.lambda_bandwidth_mbps,
+                   cpu_share=config.lambda_cpu_share)
+
+
+def emulator_workers(config, parts: int) -> int:
+    """Emulator worker processes a local run of ``parts`` graph servers needs: every call a
+    server may have in flight, and one more per server, since relaunched attempts run beside
+    stragglers."""
+    return parts * ((config.functions or config.intervals) + 1)
 
 
 class LambdaBackend(LimitedBackend):
+    calls_functions = True
+    # Lambda's calls need no cores of their own on the graph server's instance: the table at
+    # scale starts from one interval and searches counts and memory sizes (dorylus.plan.planner).
+
+    @classmethod
+    def check_config(cls, config) -> list[tuple[bool, str]]:
+        return [
+            (config.task_timeout_s <= MAX_TIMEOUT_S,
+             f"task_timeout_s must be <= {MAX_TIMEOUT_S:.0f} with the lambda backend (Lambda's limit), "
+             f"got {config.task_timeout_s:g}"),
+            (1 <= config.fallback_after <= MAX_FALLBACK_AFTER,
+             f"fallback_after must be in [1, {MAX_FALLBACK_AFTER}], got {config.fallback_after}"),
+            (config.lambda_cold_start_ms >= 0 and config.lambda_keep_warm_s >= 0 and config.lambda_bandwidth_mbps >= 0,
+             "lambda_cold_start_ms, lambda_keep_warm_s and lambda_bandwidth_mbps must be >= 0"),
+            (all(0.0 <= f <= 1.0 for f in (config.fault_raise, config.fault_crash, config.fault_hang,
+                                           config.fault_straggle))
+             and config.fault_raise + config.fault_crash + config.fault_hang + config.fault_straggle <= 1.0,
+             "fault fractions must be in [0, 1] and sum to at most 1"),
+            (config.fault_straggle_factor >= 1, "fault_straggle_factor must be >= 1"),
+            (MEMORY_RANGE_MB[0] <= config.lambda_memory_mb <= MEMORY_RANGE_MB[1],
+             f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
+             f"got {config.lambda_memory_mb}"),
+            (config.lambda_start_latency_ms >= 0, "lambda_start_latency_ms must be >= 0"),
+        ]
+
+    @classmethod
+    def check_machine(cls, config, parts: int | None = None) -> None:
+        """The ``function_handler`` imports (a typo fails here in one line instead of in every
+        function call), and this machine can start an emulator worker for every call the graph
+        servers may have in flight."""
+        module_name, _, attr = config.function_handler.partition(":")
+        try:
+            handler = getattr(importlib.import_module(module_name), attr) if module_name and attr else None
+        except Exception as exc:  # any import failure of user code is a config error here
+            raise ConfigError(f"invalid config: function_handler {config.function_handler!r} does not import: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if not callable(handler):
+            raise ConfigError(f"invalid config: function_handler {config.function_handler!r} is not a "
+                              "module:callable")
+        parts = parts or config.parts or 2
+        per_server = config.functions or config.intervals
+        workers = emulator_workers(config, parts)
+        capacity, why = local_worker_capacity()
+        if workers > capacity:
+            flag = "--functions" if config.functions else "--intervals (--functions' default)"
+            raise ConfigError(f"invalid config: {flag} {per_server} needs {parts} x ({per_server} + 1) = {workers} "
+                              f"emulator workers, more than this machine can start ({capacity}: {why}); use "
+                              f"--functions {max(1, capacity // parts - 1)} or fewer")
+
+    @classmethod
+    @contextlib.contextmanager
+    def local_services(cls, config, parts: int, keys_dir=None) -> Iterator[LocalServices]:
+        """The local Lambda emulator running ``config.function_handler`` as
+        :data:`dorylus.function.FUNCTION_NAME`, with a worker for every call :func:`emulator_workers` counts, the config's physics and
+        faults, and the function's CURVE keys from ``keys_dir``."""
+        from dorylus import curve
+        from dorylus.emulator import serve
+        from dorylus.emulator.faults import FaultPlan
+        from dorylus.function import FUNCTION_NAME
+
+        c = config
+        emulator = serve(functions={FUNCTION_NAME: c.function_handler}, concurrency=emulator_workers(c, parts),
+                         memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s, physics=emulator_physics(c),
+                         faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
+                                          hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
+                                          straggle_factor=c.fault_straggle_factor, seed=c.fault_seed),
+                         environment=curve.function_environment(keys_dir) if keys_dir is not None else None)
+        try:
+            yield LocalServices(["--lambda-endpoint", emulator.url, "--function-name", FUNCTION_NAME], emulator.stats)
+        finally:
+            emulator.close()
+
+    @classmethod
+    def cluster_target(cls, spec) -> dict[str, Any]:
+        """The cluster file's function, region and (if set) endpoint."""
+        f = spec.function
+        return {"function_name": f.name, "region": spec.region,
+                **({"lambda_endpoint": f.endpoint_url} if f.endpoint_url else {})}
+
+    @classmethod
+    def scale_intervals(cls, machine) -> int:
+        """One: the planner then searches interval counts and function sizes (its table at scale)."""
+        return 1
+
     def __init__(self, config, *, concurrency: int, endpoint_url: str | None, function_name: str,
                  region: str | None = None, server: Any = None):
         self.invoker = LambdaInvoker(endpoint_url, function_name, concurrency=concurrency,

@@ -107,7 +107,7 @@ def test_a_run_is_compared_with_its_epochs_of_the_predicted_kind(calibration_fil
     (["--dataset", "synthetic-1m", "--backend", "gpu"], "needs a calibration with a GPU"),
     (["--run", "{missing}"], "run directory .* does not exist"),
     (["--intervals", "0", "--dataset", "synthetic-1m"], "--intervals must be >= 1"),
-    (["--gpu-server", "c5.xlarge"], "GPU instance type 'c5.xlarge' is not in the planner's table"),
+    (["--server", "gpu=c5.xlarge"], "GPU instance type 'c5.xlarge' is not in the planner's table"),
 ])
 def test_bad_options_are_one_error_line(calibration_file, tmp_path, capsys, argv, message):
     argv = [a.replace("{missing}", str(tmp_path / "missing")) for a in argv]

@@ -269,4 +269,4 @@ def test_scale_table_prices_three_configurations_per_workload():
     with pytest.raises(ConfigError, match="unknown workload"):
         plan_scale(CAL, ScaleOptions(), ["orkut"])
     with pytest.raises(ConfigError, match="GPU instance type 'c5.xlarge'"):
-        plan_scale(CAL, ScaleOptions(gpu_server="c5.xlarge"), ["reddit"])
+        plan_scale(CAL, ScaleOptions(servers=(("gpu", "c5.xlarge"),)), ["reddit"])
