@@ -343,7 +343,7 @@ def private_push(lean: LeanCsr, n_cols: int, threads: int, pool: ThreadPoolExecu
         def one(t: int) -> None:
             a, b, indptr, indices = pieces[t]
             serial(indptr, indices, g[a:b], empty, False, lean.row_scale[a:b], True, empty, False, everything,
-                   copies[t], gather_kernels.PREFETCH_DISTANCE)
+                   copies[t], gather_kernels.PREFETCH_DISTANCE, False)
 
         list(pool.map(one, range(threads)))
         for extra in copies[1:]:

@@ -88,7 +88,7 @@ class PartitionState:
         # Gather reads [owned; ghost] rows; each interval gathers its own rows (a row block), so
         # that its function can start without waiting for the other intervals.
         self.graph = CsrGraph(part.indptr, part.indices, part.norm[:n_owned], part.norm, n_local,
-                              self.global_ids[:n_owned], self.global_ids)
+                              self.global_ids[:n_owned], self.global_ids, owned_symmetric=part.undirected)
         features = in_layout(part.features, sparse_features)
         if row_normalize_features:
             features = row_normalize(features)

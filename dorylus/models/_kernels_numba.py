@@ -16,6 +16,8 @@ from numba.extending import intrinsic
 # Entries per segment of a long row: the feature blocks of a segment re-read its rows of x, which
 # must still be in the core's L2 cache (128 rows x 128 features x 4 B = 64 KB).
 SEGMENT = 128
+# Rows ahead whose output rows a sorted push prefetches (a part's rows have a few ghost entries each).
+ROWS_AHEAD = 8
 
 
 @intrinsic
@@ -58,15 +60,20 @@ def _prefetch_ahead(x, col_scale, has_col_scale, j, width):
 
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_scale, row_scale, has_row_scale,
-                  bounds, out, distance):
+                  bounds, out, distance, col_limit):
+    """``col_limit`` >= 0: each row's entries stop at its first column >= ``col_limit`` (rows
+    ascending), found by bisection: no per-row array. Prefetches stay inside ``x``."""
     width = x.shape[1]
     blocked = width - width % 16
     limit = indptr[indptr.shape[0] - 1]
+    x_rows = x.shape[0]
     zero = np.float32(0.0)
     for c in prange(bounds.shape[0] - 1):
         for r in range(bounds[c], bounds[c + 1]):
             lo = indptr[r]
             hi = indptr[r + 1]
+            if col_limit >= 0:
+                hi = lo + np.searchsorted(indices[lo:hi], col_limit)
             if hi == lo:
                 for f in range(width):
                     out[r, f] = zero
@@ -94,7 +101,7 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                         a14 = out[r, f0 + 14]
                         a15 = out[r, f0 + 15]
                     for k in range(s0, s1):
-                        if f0 == 0 and k + distance < limit:
+                        if f0 == 0 and k + distance < limit and indices[k + distance] < x_rows:
                             _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
                         w = np.float32(1.0)
@@ -139,7 +146,7 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                         for f in range(blocked, width):
                             out[r, f] = zero
                     for k in range(s0, s1):
-                        if blocked == 0 and k + distance < limit:
+                        if blocked == 0 and k + distance < limit and indices[k + distance] < x_rows:
                             _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
                         w = np.float32(1.0)
@@ -271,10 +278,14 @@ def cuthill_mckee(indptr, indices):
 
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_scale, col_scale, has_col_scale,
-                   bounds, out, distance):
+                   bounds, out, distance, sorted_rows):
     """``out = A^T g`` pushed from ``A``'s rows: thread ``t`` owns output rows ``[bounds[t], bounds[t + 1])``,
     walks every entry and adds those in its range (no per-thread copy of ``out``). Each ``out[c]``
-    sums in increasing ``r`` whatever the split, as a gather over the transposed CSR would."""
+    sums in increasing ``r`` whatever the split, as a gather over the transposed CSR would.
+
+    ``sorted_rows`` (each row's columns ascend): a thread's entries in a row are one slice, found
+    by bisection, and it prefetches the output rows of the row ``ROWS_AHEAD`` ahead: entries ahead
+    in memory mostly lie outside the thread's range when the range is narrow (a part's ghosts)."""
     width = g.shape[1]
     blocked = width - width % 16
     rows = indptr.shape[0] - 1
@@ -289,6 +300,15 @@ def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_sc
         for r in range(rows):
             lo = indptr[r]
             hi = indptr[r + 1]
+            if sorted_rows:
+                row = indices[lo:hi]
+                hi = lo + np.searchsorted(row, c1)
+                lo = lo + np.searchsorted(row, c0)
+                ra = r + ROWS_AHEAD
+                if ra < rows:
+                    ahead_row = indices[indptr[ra]:indptr[ra + 1]]
+                    for k in range(np.searchsorted(ahead_row, c0), np.searchsorted(ahead_row, c1)):
+                        _prefetch_row(out, ahead_row[k], width)
             s = np.float32(1.0)
             if has_row_scale:
                 s = row_scale[r]
@@ -311,7 +331,7 @@ def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_sc
                 a14 = g[r, f0 + 14]
                 a15 = g[r, f0 + 15]
                 for k in range(lo, hi):
-                    if f0 == 0 and k + distance < limit:
+                    if f0 == 0 and not sorted_rows and k + distance < limit:
                         ahead = indices[k + distance]
                         if ahead >= c0 and ahead < c1:
                             _prefetch_row(out, ahead, width)
@@ -344,7 +364,7 @@ def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_sc
                             out[c, f] += w * g[r, f]
             if blocked == 0:
                 for k in range(lo, hi):
-                    if k + distance < limit:
+                    if not sorted_rows and k + distance < limit:
                         ahead = indices[k + distance]
                         if ahead >= c0 and ahead < c1:
                             _prefetch_row(out, ahead, width)

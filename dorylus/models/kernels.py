@@ -184,7 +184,7 @@ def _entry_operands(values: Any, row_scale: Any, col_scale: Any, nnz: int, rows:
 
 
 def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: Any = None,
-           col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+           col_scale: Any = None, out: np.ndarray | None = None, col_limit: int | None = None) -> np.ndarray:
     r"""``out[r] = row_scale[r] * sum_{k in [indptr[r], indptr[r+1])} values[k] * col_scale[indices[k]] * x[indices[k]]``.
 
     indptr: int32 or int64 ``[R + 1]``; indices: int32 (or int64) ``[nnz]``, each in ``[0, C)``;
@@ -196,6 +196,11 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     ``values[k] * col_scale[c]`` rounded to float32, and ``row_scale`` multiplies the finished sum.
     Runs on ``torch.get_num_threads()`` threads; calls from several Python threads are serialised
     (each already uses every core). Indices are trusted to be in range (not checked per entry).
+
+    ``col_limit`` (numba only, whatever ``DORYLUS_GATHER_KERNEL`` says): only the entries with
+    ``indices[k] < col_limit <= C`` count, found per row by bisection, so each row's indices must
+    be ascending; the others may lie past ``x`` (a part's ghost columns: :meth:`CsrGraph.aggregate_transpose
+    <dorylus.models.graph.CsrGraph.aggregate_transpose>`).
     """
     indptr, indices, nnz = _structure(indptr, indices)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -207,10 +212,12 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     out = _output(out, rows, width)
     if rows == 0 or width == 0:
         return out
+    if col_limit is not None and not 0 <= col_limit <= num_cols:
+        raise ValueError(f"col_limit must be in [0, C = {num_cols}], got {col_limit}")
     if nnz == 0:
         out.fill(0.0)
         return out
-    if not uses_numba(nnz * width):
+    if col_limit is None and not uses_numba(nnz * width):
         _gather_torch(indptr, indices, x, None if values is None else v, None if row_scale is None else rs,
                       None if col_scale is None else cs, out)
         return out
@@ -219,7 +226,7 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     bounds = _row_bounds(indptr, threads)
     with _lock, _numba_threads(threads):
         k.gather_kernel(indptr, indices, x, v, values is not None, cs.reshape(-1, 1), col_scale is not None, rs,
-                        row_scale is not None, bounds, out, PREFETCH_DISTANCE)
+                        row_scale is not None, bounds, out, PREFETCH_DISTANCE, -1 if col_limit is None else col_limit)
     return out
 
 
@@ -260,7 +267,8 @@ def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray,
 
 
 def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values: Any = None,
-                     row_scale: Any = None, col_scale: Any = None, out: np.ndarray | None = None) -> np.ndarray:
+                     row_scale: Any = None, col_scale: Any = None, out: np.ndarray | None = None,
+                     first_col: int = 0) -> np.ndarray:
     r"""``A^T g`` for ``A = diag(row_scale) V diag(col_scale)`` ``[R, C]`` from ``A``'s own CSR.
 
     ``(indptr, indices, values, row_scale, col_scale)`` as for :func:`gather` with ``C = num_cols``;
@@ -280,6 +288,11 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
     pull's speed (on a 310K-entry block at width 16, one thread: ``index_add_`` 32 ms,
     ``scatter_add_`` 22 ms, a CSC product 29 ms, the CSR pull over a transpose 3.5 ms), so :class:`~dorylus.models.graph.CsrGraph` gathers small products over
     a transpose on torch instead (:func:`uses_numba` says which).
+
+    ``first_col`` > 0: only output rows ``[first_col, C)`` are computed (``out``'s others are left
+    as they are) and each row of ``A`` must be ascending: its walk starts at its first column
+    ``>= first_col`` (bisection), and the threads split that range evenly by columns (no count
+    per column: the range is a part's ghosts, whose entries are few).
     """
     indptr, indices, nnz = _structure(indptr, indices)
     g = np.ascontiguousarray(g, dtype=np.float32)
@@ -290,15 +303,18 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
     width = g.shape[1]
     v, rs, cs = _entry_operands(values, row_scale, col_scale, nnz, rows, num_cols)
     out = _output(out, num_cols, width)
-    if num_cols == 0 or width == 0:
+    first_col = int(first_col)
+    if not 0 <= first_col <= num_cols:
+        raise ValueError(f"first_col must be in [0, {num_cols}], got {first_col}")
+    if num_cols == first_col or width == 0:
         return out
     if nnz == 0:
-        out.fill(0.0)
+        out[first_col:].fill(0.0)
         return out
     k = _kernels()
     threads = _threads()
-    if threads == 1:
-        bounds = np.array([0, num_cols], np.int64)
+    if threads == 1 or first_col > 0:
+        bounds = np.linspace(first_col, num_cols, min(threads, num_cols - first_col) + 1).astype(np.int64)
     else:
         per_col = np.cumsum(np.bincount(indices[:nnz], minlength=num_cols))
         if per_col.shape[0] != num_cols:
@@ -307,7 +323,7 @@ def gather_transpose(indptr: Any, indices: Any, g: Any, num_cols: int, *, values
         bounds = np.unique(np.concatenate([[0], np.clip(bounds, 0, num_cols), [num_cols]]).astype(np.int64))
     with _lock, _numba_threads(threads):
         k.scatter_kernel(indptr, indices, g, v, values is not None, rs, row_scale is not None, cs,
-                         col_scale is not None, bounds, out, PREFETCH_DISTANCE)
+                         col_scale is not None, bounds, out, PREFETCH_DISTANCE, first_col > 0)
     return out
 
 

@@ -209,6 +209,9 @@ class Partition:
     test_mask: np.ndarray
     send_indices: np.ndarray
     send_offsets: np.ndarray
+    # The store's graph is undirected (stored both ways): the owned rows' block of the pattern,
+    # ``S[:, :n_owned]``, is symmetric (its rows ascend, as every stored row does).
+    undirected: bool = False
 
     @property
     def n_owned(self) -> int:
@@ -363,7 +366,7 @@ class PartitionStore:
         return Partition(
             part_id=i, num_parts=p_count, owned=owned, ghosts=ghosts, ghost_offsets=ghost_offsets,
             indptr=indptr, indices=indices, norm=norm, features=features, labels=labels,
-            **masks, send_indices=send_indices, send_offsets=send_offsets,
+            **masks, send_indices=send_indices, send_offsets=send_offsets, undirected=not meta.directed,
         )
 
 

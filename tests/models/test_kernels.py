@@ -355,6 +355,86 @@ def test_graph_server_backward(monkeypatch, kernel, kind):
     assert (graph.memory()["transpose"] == 0) == (kernel == "numba")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("width", [1, 16, 17])
+def test_gather_col_limit_and_transpose_first_col_split_the_columns(kernel, threads, width):
+    """``gather(col_limit=L)`` counts only the entries of columns < L (the rest may lie past
+    ``x``); ``gather_transpose(first_col=L)`` writes only output rows >= L and leaves the others
+    alone. Both against the float64 oracle of the matching column block."""
+    rng = np.random.default_rng(31 + width)
+    rows, cols = 90, 200
+    indptr, indices = skewed_part(rows, cols, rng, self_loops=True)
+    rs, cs = (rng.random(rows) + 0.5).astype(np.float32), (rng.random(cols) + 0.5).astype(np.float32)
+    x = rng.standard_normal((rows, width), dtype=np.float32)  # only `rows` rows: columns >= rows are skipped
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = kernels.gather(indptr, indices, x, row_scale=rs, col_scale=cs[:rows], col_limit=rows)
+        r = np.repeat(np.arange(rows), np.diff(indptr))
+        keep = indices < rows
+        block = scipy.sparse.csr_matrix((np.ones(keep.sum()), (r[keep], indices[keep])), shape=(rows, rows))
+        want = oracle(block.indptr, block.indices, x, None, rs, cs[:rows])
+        magnitude = oracle(block.indptr, block.indices, np.abs(x), None, rs, cs[:rows])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * magnitude.max() + 1e-30)
+
+        g = rng.standard_normal((rows, width), dtype=np.float32)
+        out = np.full((cols, width), 7.0, np.float32)
+        pushed = kernels.gather_transpose(indptr, indices, g, cols, row_scale=rs, col_scale=cs, out=out, first_col=rows)
+        full = check_transpose(indptr, indices, g, cols, row_scale=rs, col_scale=cs)
+    finally:
+        torch.set_num_threads(before)
+    assert pushed is out and np.all(out[:rows] == 7.0)
+    np.testing.assert_array_equal(pushed[rows:], full[rows:])  # the same terms in the same order
+    with pytest.raises(ValueError, match="col_limit"):
+        kernels.gather(indptr, indices, x, col_limit=rows + 1)
+    with pytest.raises(ValueError, match="first_col"):
+        kernels.gather_transpose(indptr, indices, g, cols, first_col=cols + 1)
+
+
+def undirected_part(n: int, owned: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+    """Part 0 of an undirected graph on ``n`` vertices as the store writes it: the in-edges (and
+    self loops) of vertices ``0 .. owned-1``, its ghosts (outside neighbours) numbered from
+    ``owned`` on, each row ascending. Returns ``(indptr, indices, num_local)``."""
+    a = scipy.sparse.random(n, n, density=8 / n, random_state=np.random.RandomState(rng.integers(1 << 31)))
+    a = ((a + a.T + scipy.sparse.eye(n)) != 0).tocsr()
+    part = a[:owned].tocoo()
+    ghosts = np.unique(part.col[part.col >= owned])
+    local = np.arange(n)
+    local[ghosts] = owned + np.arange(ghosts.size)
+    m = scipy.sparse.csr_matrix((np.ones(part.nnz), (part.row, local[part.col])), shape=(owned, owned + ghosts.size))
+    m.sort_indices()
+    return m.indptr.astype(np.int64), m.indices.astype(np.int32), owned + ghosts.size
+
+
+@pytest.mark.parametrize("kind", ["gcn", "mean", "sum"])
+def test_undirected_part_backward_pulls_its_owned_block(monkeypatch, kernel, kind):
+    """A part of an undirected graph (``owned_symmetric``) computes ``M^T g`` as a pull over its
+    own rows for the owned columns and a push for the ghosts: equal to the plain push term for
+    term, and to the float64 oracle; no transpose is built on numba."""
+    from dorylus.models.graph import CsrGraph
+
+    rng = np.random.default_rng(5)
+    indptr, indices, local = undirected_part(400, 150, rng)
+    norm = (1 / np.sqrt(1 + rng.integers(0, 30, local))).astype(np.float32)
+    ids = np.arange(local)
+    split = CsrGraph(indptr, indices, norm[:150], norm, local, ids[:150], ids, owned_symmetric=True)
+    plain = CsrGraph(indptr, indices, norm[:150], norm, local, ids[:150], ids)
+    if kernel == "numba":
+        monkeypatch.setattr(kernels, "transpose_csr", lambda *a, **k: pytest.fail("the transpose was built"))
+    for width in (1, 16, 33):
+        g = rng.standard_normal((150, width), dtype=np.float32)
+        got = split.aggregate_transpose(kind, g)
+        np.testing.assert_array_equal(got, plain.aggregate_transpose(kind, g))
+        dense = np.zeros((150, local))
+        rows = np.repeat(np.arange(150), np.diff(indptr))
+        scale = {"gcn": norm[rows].astype(np.float64) * norm[indices], "sum": np.ones(len(rows)),
+                 "mean": np.where(rows == indices, 0, 1 / np.maximum(np.diff(indptr)[rows] - 1, 1))}[kind]
+        dense[rows, indices] = scale
+        want = dense.T @ g.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * (np.abs(dense.T) @ np.abs(g)).max() + 1e-30)
+    assert split.memory()["transpose"] == 0 or kernel == "torch"
+
+
 def banded(n: int, half_width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric graph with edges only between |i - j| <= half_width (and not all of them)."""
     i = np.repeat(np.arange(n), 2 * half_width + 1)
