@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dorylus import curve, protocol, sockets, spot
+from dorylus import curve, protocol, sockets, spot, zygote
 from dorylus.config import TrainConfig
 from dorylus.cost import Pricing, epoch_metrics
 from dorylus.errors import DorylusError
@@ -84,7 +84,7 @@ class RoleDied(ClusterError):
 @dataclasses.dataclass
 class _Child:
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen | zygote.Role
     log: Path
     preempted: bool = False  # killed by --preempt
 
@@ -392,8 +392,8 @@ class LocalCluster(Cluster):
         meta = self.store.meta
         keys_args = ["--keys", str(self.keys_dir)] if self.keys_dir is not None else []
         ps_ready = logs / "paramserver.endpoint"
-        self._spawn("parameter server", logs / "paramserver.log", [
-            "-m", "dorylus.paramserver", "--config", str(self.config_file), "--num-features", str(meta.num_features),
+        self._spawn("parameter server", logs / "paramserver.log", "dorylus.paramserver", [
+            "--config", str(self.config_file), "--num-features", str(meta.num_features),
             "--num-classes", str(meta.num_classes), "--bind", f"ipc://{self.socket_dir}/paramserver",
             "--ready-file", str(ps_ready), *keys_args], ps_ready)
         self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
@@ -429,8 +429,8 @@ class LocalCluster(Cluster):
             if any(part == i for part, _ in self.preempts):  # a fresh instance: no notice yet
                 self.imds[i] = spot.LocalImds()
                 watch_args = ["--spot-watch", self.imds[i].url, "--spot-watch-interval-s", str(PREEMPT_WATCH_S)]
-            self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", [
-                "-m", "graphserver.server", "--store", str(self.store.path), "--part", str(i),
+            self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", "graphserver.server", [
+                "--store", str(self.store.path), "--part", str(i),
                 "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
                 "--bind", f"ipc://{self.socket_dir}/graphserver-{i}", "--threads", str(threads), *lambda_args,
                 *keys_args, *watch_args], ready)
@@ -440,12 +440,24 @@ class LocalCluster(Cluster):
             self.watchdog.watch(child, endpoint, "graphserver")
         self._connect_graph_servers(endpoints)
 
-    def _spawn(self, name: str, log: Path, args: list[str], ready_file: Path) -> None:
+    def _spawn(self, name: str, log: Path, module: str, args: list[str], ready_file: Path) -> None:
+        """Start ``python -m module *args``: forked from this process's zygote (:mod:`dorylus.zygote`),
+        or a plain subprocess with ``DORYLUS_ZYGOTE=0``. Either way the role stops once its
+        parent (the zygote, or this process) is gone."""
         ready_file.unlink(missing_ok=True)  # a resumed run's directory holds the previous roles' files
+        env = local_process_environment()
         with open(log, "a") as out:  # appended: a resumed run keeps the logs of its earlier attempts
-            process = subprocess.Popen([sys.executable, *args, "--exit-with-parent", str(os.getpid())], stdout=out,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
-                                       env=local_process_environment())
+            try:
+                if zygote.enabled():
+                    launcher = zygote.shared(env)
+                    process = launcher.spawn(module, [*args, "--exit-with-parent", str(launcher.pid)], out,
+                                             cwd=os.getcwd(), env=env)
+                else:
+                    process = subprocess.Popen([sys.executable, "-m", module, *args, "--exit-with-parent",
+                                                str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, cwd=os.getcwd(), env=env)
+            except zygote.ZygoteError as exc:
+                raise ClusterError(f"{name}: {exc}") from None
         self.children.append(_Child(name, process, log))
 
     def _wait_ready(self, ready_file: Path, child: _Child) -> str:
@@ -524,6 +536,8 @@ class LocalCluster(Cluster):
         for child in self.children:
             if child.process.poll() is not None:
                 why = " (preempted: --preempt)" if child.preempted else ""
+                if isinstance(child.process, zygote.Role) and child.process.returncode == zygote.STATUS_LOST:
+                    why = f" (unknown: the role zygote, pid {child.process.zygote.pid}, that started it is gone)"
                 raise RoleDied(f"{child.name} exited with code {child.process.returncode}{why}; "
                                f"its log ({child.log}) ends with:\n{child.tail()}", child.name)
 
