@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                        intervals=1, mode="sync", hidden=args.hidden, epochs=args.warmup + args.epochs + 1,
                        eval_every=args.warmup + args.epochs + 1)
     try:
-        base.check_device()
+        base.check_machine()
     except DorylusError as exc:
         print(f"bench_gpu: skipped, nothing measured: {exc}")
         return None

@@ -483,11 +483,12 @@ def test_tf32_is_set_through_the_fp32_precision_api(restore_tf32):
 def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
     """cuda:1 on a machine faked to have two 80 GiB GPUs: the device is made current before
     anything else, TF32 goes through fp32_precision, and the budget is 1/parts less a context."""
+    from graphserver.backends import gpu
     from graphserver.backends.gpu import CONTEXT_RESERVE_BYTES
 
     calls = []
     total = 80 * 2**30
-    monkeypatch.setattr(TrainConfig, "check_device", lambda self: None)
+    monkeypatch.setattr(gpu, "check_device", lambda config: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", torch.device(d))))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda d: calls.append(("properties",)) or type("P", (), {"name": "Fake", "total_memory": total}))
