@@ -25,7 +25,8 @@ def add_server_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                              "tcp://0.0.0.0:5500, advertise the private IP); PORT defaults to the bound one")
     parser.add_argument("--exit-with-parent", nargs="?", type=int, const=0, metavar="PID",
                         help="stop when the process that started this one (PID, if given: `dorylus train` names "
-                             "itself, so an exit before this process is up counts too) is no longer its parent; "
+                             "the zygote it forks roles from, so an exit before this process is up counts too) is "
+                             "no longer its parent; "
                              "by default the server keeps waiting for coordinators")
 
 
