@@ -100,6 +100,7 @@ count other than ``expected``), ``bad_state`` (a ``set_state`` whose tensors do 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -110,7 +111,7 @@ from typing import Any, Callable
 import numpy as np
 import zmq
 
-from dorylus import atomic, curve, sockets, spot
+from dorylus import atomic, curve, logs, sockets, spot
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.commandline import role_main
 from dorylus.errors import ConfigError, DorylusError
@@ -120,6 +121,8 @@ from dorylus.roleopts import add_server_arguments, server_options, watch_parent
 from dorylus.protocol import (
     REQUESTS, Bounds, Header, Op, ProtocolCounters, ProtocolError, check_epoch, decode, encode, error_reply, reply_to,
 )
+
+logger = logging.getLogger(__name__)
 
 _POLL_MS = 50  # how often the loop checks for stop(): the bound on shutdown latency
 KEPT_STATES = 8  # optimizer states kept for get_state {version}: the coordinator's lag behind the steps
@@ -312,8 +315,8 @@ class ParameterServer:
         seen = self.counters.as_dict().get(exc.code, 0)
         if seen <= 10 or seen % 1000 == 0:
             what = f"{header.op.value} req {header.req}" if header is not None else "a message"
-            print(f"paramserver: refused {what} from peer {identity.hex()} ({seen} {exc.code} so far): {exc.message}",
-                  file=sys.stderr, flush=True)
+            logger.warning("refused %s from peer %s (%d %s so far): %s", what, identity.hex(), seen, exc.code,
+                           exc.message)
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
@@ -666,12 +669,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "parent process can find the port")
     add_server_arguments(parser, "paramserver")
     spot.add_argument(parser)
+    logs.add_argument(parser)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Serve until SHUTDOWN, SIGTERM or SIGINT; returns the exit status."""
     from dorylus.config import TrainConfig, load_config_file
 
+    logs.setup("paramserver", args.log_level)
     check_endpoint("--bind", args.bind)
     if args.ready_file and not Path(args.ready_file).parent.is_dir():
         raise ConfigError(f"--ready-file {args.ready_file}: directory {Path(args.ready_file).parent} does not exist")
@@ -693,9 +698,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         if args.ready_file:
             atomic.write_text(Path(args.ready_file), server.endpoint + "\n")
-        print(f"paramserver listening on {server.endpoint}"
-              + (f", advertised as {server.advertised}" if server.advertised != server.endpoint else "")
-              + (", CURVE on" if keys is not None else ""), flush=True)
+        logger.info("listening on %s%s%s", server.endpoint,
+                    f", advertised as {server.advertised}" if server.advertised != server.endpoint else "",
+                    ", CURVE on" if keys is not None else "")
         server.serve_forever()
     finally:
         if watch is not None:

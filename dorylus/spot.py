@@ -32,8 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +44,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from dorylus.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 IMDS_URL = "http://169.254.169.254"
 TOKEN_PATH = "/latest/api/token"
@@ -101,7 +103,7 @@ class SpotWatcher:
 
     def __init__(self, base_url: str, on_notice: Callable[[Notice], None], interval_s: float = 5.0,
                  token_ttl_s: int = 21600, timeout_s: float = 2.0, kinds: tuple[str, ...] = tuple(PATHS),
-                 log: Callable[[str], None] | None = None, what: str = "spot watch") -> None:
+                 what: str = "spot watch") -> None:
         self.base_url = base_url.rstrip("/")
         self.on_notice = on_notice
         self.interval_s = interval_s
@@ -109,7 +111,6 @@ class SpotWatcher:
         self.timeout_s = timeout_s
         self.kinds = kinds
         self.what = what
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.seen: list[Notice] = []
         self.polls = 0
         self.failures = 0
@@ -158,11 +159,11 @@ class SpotWatcher:
             if notice is not None and notice not in self.seen:
                 self.seen.append(notice)
                 new.append(notice)
-                self.log(f"{self.what}: notice: {notice.describe()}")
+                logger.warning("%s: notice: %s", self.what, notice.describe())
                 try:
                     self.on_notice(notice)
                 except Exception as exc:  # the host's callback failing must not end the watch
-                    self.log(f"{self.what}: notice handler failed: {type(exc).__name__}: {exc}")
+                    logger.error("%s: notice handler failed: %s: %s", self.what, type(exc).__name__, exc)
         return new
 
     # -------------------------------------------------------------------------- the loop
@@ -180,8 +181,9 @@ class SpotWatcher:
                     self.failures += 1
                     self._token = None  # a restarted or replaced service issues new tokens
                     if self.failures == 1 or self.failures % LOG_EVERY == 0:
-                        self.log(f"{self.what}: instance metadata at {self.base_url} failed ({self.failures} "
-                                 f"so far), retrying every {self.interval_s:g} s: {type(exc).__name__}: {exc}")
+                        logger.warning("%s: instance metadata at %s failed (%d so far), retrying every %g s: %s: %s",
+                                       self.what, self.base_url, self.failures, self.interval_s,
+                                       type(exc).__name__, exc)
                 deadline = time.monotonic() + self.interval_s
                 while not self._stop.is_set() and time.monotonic() < deadline:  # stop() within 50 ms
                     await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -47,6 +47,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
+import logging
 import signal
 import sys
 import time
@@ -60,11 +61,12 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from dorylus import atomic, curve, protocol, sockets, spot
+from dorylus import atomic, curve, logs, protocol, sockets, spot
 from dorylus.config import TrainConfig, load_config_file, server_view
 from dorylus.emulator.physics import NetPhysics
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
+from dorylus.function import FUNCTION_NAME
 from dorylus.roleopts import add_server_arguments, server_options, watch_parent
 from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
@@ -73,6 +75,8 @@ from dorylus.protocol import Bounds, Header, Op, ProtocolError
 from graphserver.invoker import TaskFailed
 from graphserver.modes import evaluation_apart, get_mode
 from graphserver.scheduler import PASSES, Scheduler
+
+logger = logging.getLogger(__name__)
 
 
 class Refused(TaskFailed):
@@ -124,7 +128,7 @@ class GraphServer:
     GHOSTS_RETRY_S = 0.02  # first wait before a GHOSTS refused as epoch_ahead is sent again
 
     def __init__(self, store_path: str, part_id: int, config: TrainConfig, *, param_server: str,
-                 lambda_endpoint: str | None = None, function_name: str = "dorylus-gcn", region: str | None = None,
+                 lambda_endpoint: str | None = None, function_name: str = FUNCTION_NAME, region: str | None = None,
                  keys: curve.Keyring | None = None, advertise: str | None = None):
         store = open_store(store_path, verify=False, parts=[part_id])
         store.verify([part_id])
@@ -215,9 +219,12 @@ class GraphServer:
         self.ps_wait = self.peer(self.param_server, "parameter server", "paramserver")
         if ready_file:
             atomic.write_text(Path(ready_file), self.endpoint)
-        print(f"graph server {self.part_id} listening on {self.endpoint}"
-              + (f", advertised as {self.advertised}" if self.advertised != self.endpoint else "")
-              + (", CURVE on" if self.keys is not None else ""), flush=True)
+        logger.info("listening on %s%s%s", self.endpoint,
+                    f", advertised as {self.advertised}" if self.advertised != self.endpoint else "",
+                    ", CURVE on" if self.keys is not None else "")
+        from graphserver.state import format_memory  # torch: kept out so `--help` is fast
+
+        logger.info("part %d state: %s", self.part_id, format_memory(self.state.memory))
         receiver = asyncio.create_task(self._receive_loop())
         await self.stopping.wait()
         receiver.cancel()
@@ -256,16 +263,14 @@ class GraphServer:
         # The first few of each kind, then every thousandth: a flood of bad messages must not fill the disk.
         if code_count <= 10 or code_count % 1000 == 0:
             what = f"{header.op.value} req {header.req}" if header is not None else "an undecodable message"
-            print(f"graph server {self.part_id}: refused {what} from peer {identity.hex()} "
-                  f"({code_count} {counted.code} so far): "
-                  + (str(exc) if expected else f"{type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
+            logger.warning("refused %s from peer %s (%d %s so far): %s", what, identity.hex(), code_count,
+                           counted.code, exc if expected else f"{type(exc).__name__}: {exc}")
         if header is not None and header.op not in protocol.REQUESTS:
             return
         try:
             await self._reply(identity, protocol.error_reply(header, exc))
         except Exception as reply_exc:  # the peer is gone or the reply unencodable: nothing more to do
-            print(f"graph server {self.part_id}: could not answer peer {identity.hex()}: "
-                  f"{type(reply_exc).__name__}: {reply_exc}", file=sys.stderr, flush=True)
+            logger.warning("could not answer peer %s: %s: %s", identity.hex(), type(reply_exc).__name__, reply_exc)
 
     def current_epoch(self) -> int:
         """The oldest epoch this server has not finished: the base of the epoch window."""
@@ -674,7 +679,7 @@ class GraphServer:
             message = str(exc) if isinstance(exc, TaskFailed) else \
                 f"graph server {self.part_id}: {type(exc).__name__}: {exc}"
             self.failure = message[: protocol.MAX_MESSAGE_CHARS]
-            print(f"training failed: {message}", file=sys.stderr, flush=True)
+            logger.error("training failed: %s", message)
         finally:
             for task in self.sending.values():  # a failed or stopped run sends nothing more
                 task.cancel()
@@ -725,17 +730,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", help="write the bound endpoint into this file once listening")
     parser.add_argument("--lambda-endpoint", help="Lambda Invoke API endpoint URL (the emulator's, or omit for AWS); "
                                                   "in cluster mode the cluster file's, sent by the coordinator")
-    parser.add_argument("--function-name", default="dorylus-gcn", help="name of the deployed function (in cluster "
-                                                                       "mode the cluster file's)")
+    parser.add_argument("--function-name", default=FUNCTION_NAME, help="name of the deployed function (default: "
+                                                                       f"{FUNCTION_NAME}; in cluster mode the cluster "
+                                                                       "file's)")
     parser.add_argument("--region", help="AWS region of the function (default: AWS_REGION / AWS_DEFAULT_REGION; in "
                                          "cluster mode the cluster file's)")
     add_server_arguments(parser, "graphserver")
     spot.add_argument(parser)
+    logs.add_argument(parser)
     parser.add_argument("--threads", type=int, help="threads for Gather (default: torch's, all cores); local mode "
                                                     "gives each of P servers its share so they do not oversubscribe")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    logs.setup(f"graphserver-{args.part}", args.log_level)
     check_endpoint("--bind", args.bind)
     check_endpoint("--param-server", args.param_server)
     if args.ready_file and not Path(args.ready_file).parent.is_dir():

@@ -106,7 +106,6 @@ class PartitionState:
         self.buffers = {name: np.zeros((n_local if name in plan.ghosted else n_owned, plan.widths[name]), np.float32)
                         for name in sorted(used - set(STATIC))}
         self.memory = memory_figures(part, self.static["X"], self.buffers)
-        print(f"part {part.part_id} state: {format_memory(self.memory)}", flush=True)  # once, into the server's log
 
     @property
     def n_owned(self) -> int:

@@ -26,12 +26,17 @@ the function's key pair and the servers' public keys there, :mod:`dorylus.curve`
 connection is a CURVE client that only talks to servers holding those keys. Replies larger
 than half the function's memory are dropped by ZeroMQ (``ZMQ_MAXMSGSIZE``): no legitimate one
 fits a function that big, and without the limit one frame could exhaust it.
+
+Logs go through :mod:`logging`, as Lambda's Python runtime expects: its handler on the root logger
+writes them to stdout, which CloudWatch keeps (the emulator's worker plays the runtime). This
+module's logger says INFO itself, since Lambda leaves the root at WARNING.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from typing import Any, Callable, Sequence
 
@@ -43,6 +48,9 @@ from dorylus.models import get_model
 from dorylus.models.base import STATIC
 from dorylus.models.sparse import SparseRows
 from dorylus.protocol import CsrRows, Header, Op
+
+logger = logging.getLogger(__name__)
+logger.setLevel(logging.INFO)
 
 # Never wait on a server longer than this, nor past the function's own deadline.
 MAX_WAIT_S = 120.0
@@ -93,7 +101,9 @@ class _Pending:
             except TimeoutError:
                 raise FunctionTaskError(f"{peer.what} did not answer {header.op.value}") from None
             if reply.req == header.req:
-                break  # anything else answers a request of an earlier call that gave up waiting
+                break
+            logger.info("dropped a late %s reply from %s to request %d: an earlier call gave up waiting for it",
+                        reply.op.value, peer.what, reply.req)
         if reply.op is Op.ERROR:
             raise FunctionTaskError(f"{peer.what} refused {header.op.value}: {reply.code}: {reply.message}")
         peer.link.hold(self.started, self.sent_bytes + sum(a.nbytes for a in arrays))
@@ -242,6 +252,7 @@ def _peer(endpoint: str, what: str, context: Any) -> _Peer:
         peer = None
     if peer is None:
         peer = _peers[endpoint] = _Peer(zmq.Context.instance(), endpoint, what, context, keys)
+        logger.info("connecting to %s%s", peer.what, " with CURVE" if keys is not None else "")
     peer.context = context
     return peer
 
@@ -254,7 +265,8 @@ def handler(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         return run_task(event, graph, params)
     except FunctionTaskError as exc:
-        for endpoint in (event["graph_server"], event["param_server"]):  # start the next call afresh
+        logger.warning("the call failed: closing the connections to both servers, the next call connects afresh")
+        for endpoint in (event["graph_server"], event["param_server"]):
             peer = _peers.pop(endpoint, None)
             if peer is not None:
                 peer.close()

@@ -48,7 +48,7 @@ def test_a_role_whose_launcher_exited_before_it_was_up_stops(tmp_path):
     try:
         out, err = role.communicate(timeout=60)
         assert role.returncode == 0, err
-        assert "paramserver listening on tcp://127.0.0.1:" in out
+        assert f"paramserver[{role.pid}] INFO listening on tcp://127.0.0.1:" in err
     finally:
         if role.poll() is None:
             role.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -836,7 +837,9 @@ def test_cli_subprocess_ready_file_hello_and_sigterm(ctx, tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=TIMEOUT)
         assert proc.returncode == 0, err
-        assert out == f"paramserver listening on {endpoint}\n"
+        # One record, logged as every role logs (tests/test_logs.py): time, role[pid], level.
+        assert out == "" and re.fullmatch(rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} paramserver\[{proc.pid}\] INFO "
+                                          rf"listening on {re.escape(endpoint)}\n", err), err
         assert sorted(os.listdir(tmp_path)) == ["ready", "run.json"]
     finally:
         if client is not None:

@@ -110,23 +110,28 @@ def poll(watcher: spot.SpotWatcher) -> list[spot.Notice]:
 
 def test_no_notice_calls_nothing(imds):
     got = []
-    watcher = spot.SpotWatcher(imds.url, got.append, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append)
     assert poll(watcher) == [] and poll(watcher) == []
     assert got == [] and watcher.polls == 2
     assert set(imds.gets) == set(spot.PATHS.values())
     assert imds.token_requests == 1  # one token serves both rounds
 
 
-def test_spot_notice_is_reported_once(imds):
-    got, lines = [], []
-    watcher = spot.SpotWatcher(imds.url, got.append, log=lines.append)
+def records(caplog) -> list[tuple[str, str]]:
+    """(level, message) of the spot watcher's records."""
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dorylus.spot"]
+
+
+def test_spot_notice_is_reported_once(imds, caplog):
+    got = []
+    watcher = spot.SpotWatcher(imds.url, got.append)
     assert poll(watcher) == []
     imds.notices[spot.PATHS["spot"]] = json.dumps({"action": "terminate", "time": "2025-01-01T00:02:00Z"})
     notice = spot.Notice("spot", "terminate", "2025-01-01T00:02:00Z")
     assert poll(watcher) == [notice] and got == [notice]
     assert poll(watcher) == [] and got == [notice]  # the same notice again: not reported twice
     assert notice.describe() == "spot terminate at 2025-01-01T00:02:00Z"
-    assert any("notice: spot terminate at 2025-01-01T00:02:00Z" in line for line in lines)
+    assert records(caplog) == [("WARNING", "spot watch: notice: spot terminate at 2025-01-01T00:02:00Z")]
     # A changed notice (AWS may move the time) is a new one.
     imds.notices[spot.PATHS["spot"]] = json.dumps({"action": "terminate", "time": "2025-01-01T00:03:00Z"})
     assert [n.time for n in poll(watcher)] == ["2025-01-01T00:03:00Z"] and len(got) == 2
@@ -134,7 +139,7 @@ def test_spot_notice_is_reported_once(imds):
 
 def test_rebalance_and_autoscaling_termination_are_notices(imds):
     got = []
-    watcher = spot.SpotWatcher(imds.url, got.append, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append)
     imds.notices[spot.PATHS["autoscaling"]] = "InService"
     assert poll(watcher) == []  # in a group, not leaving it
     imds.notices[spot.PATHS["rebalance"]] = json.dumps({"noticeTime": "2025-01-01T00:00:00Z"})
@@ -147,7 +152,7 @@ def test_rebalance_and_autoscaling_termination_are_notices(imds):
 def test_an_expired_token_is_renewed_before_it_is_refused(imds):
     got = []
     # A 1-second token: renewed 0.1 s before it ends, so no GET ever meets an expired one.
-    watcher = spot.SpotWatcher(imds.url, got.append, token_ttl_s=1, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append, token_ttl_s=1)
     assert poll(watcher) == []
     time.sleep(1.0)
     imds.notices[spot.PATHS["spot"]] = json.dumps({"action": "stop", "time": "2025-01-01T00:02:00Z"})
@@ -157,7 +162,7 @@ def test_an_expired_token_is_renewed_before_it_is_refused(imds):
 
 def test_a_revoked_token_is_replaced_within_the_same_poll(imds):
     got = []
-    watcher = spot.SpotWatcher(imds.url, got.append, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append)
     assert poll(watcher) == []
     imds.revoke()  # e.g. the service restarted: the token the watcher holds is refused
     imds.notices[spot.PATHS["spot"]] = json.dumps({"action": "terminate", "time": "2025-01-01T00:02:00Z"})
@@ -165,11 +170,11 @@ def test_a_revoked_token_is_replaced_within_the_same_poll(imds):
     assert imds.unauthorized == 1 and imds.token_requests == 2
 
 
-def test_failures_are_logged_retried_and_never_raise_into_the_host(imds):
+def test_failures_are_logged_retried_and_never_raise_into_the_host(imds, caplog):
     """A failing service, then an unreachable one, then a healthy one with a notice: the
     watcher's thread logs, keeps polling, and reports the notice; a callback that raises is
     logged too."""
-    lines, got = [], []
+    got = []
     seen = threading.Event()
 
     def on_notice(notice):
@@ -178,30 +183,34 @@ def test_failures_are_logged_retried_and_never_raise_into_the_host(imds):
         raise RuntimeError("host handler broke")
 
     imds.fail_with = 500
-    watcher = spot.SpotWatcher(imds.url, on_notice, interval_s=0.05, log=lines.append).start()
+    watcher = spot.SpotWatcher(imds.url, on_notice, interval_s=0.05).start()
     try:
         deadline = time.monotonic() + 10
         while watcher.failures < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert watcher.failures >= 3
-        assert sum("failed" in line for line in lines) == 1  # the first failure only (then every 100th)
-        assert "answered HTTP 500" in lines[0] and imds.url in lines[0]
+        failures = [(level, line) for level, line in records(caplog) if "failed" in line]
+        assert len(failures) == 1  # the first failure only (then every 100th)
+        assert failures[0][0] == "WARNING" and "answered HTTP 500" in failures[0][1] and imds.url in failures[0][1]
         imds.fail_with = None
         imds.notices[spot.PATHS["spot"]] = json.dumps({"action": "terminate", "time": "2025-01-01T00:02:00Z"})
         assert seen.wait(10)
         assert watcher._thread.is_alive()  # the raising handler did not end the watch
-        assert any("notice handler failed: RuntimeError: host handler broke" in line for line in lines)
+        broke = ("ERROR", "spot watch: notice handler failed: RuntimeError: host handler broke")
+        deadline = time.monotonic() + 10  # logged by the watcher's thread after on_notice raised
+        while broke not in records(caplog) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert broke in records(caplog)
     finally:
         watcher.stop()
     assert not watcher._thread.is_alive() and [n.action for n in got] == ["terminate"]
 
 
-def test_an_unreachable_service_is_retried_without_crashing():
+def test_an_unreachable_service_is_retried_without_crashing(caplog):
     with socket.socket() as s:  # a port nothing listens on: bound, never listening, closed after
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        lines = []
-        watcher = spot.SpotWatcher(url, lambda n: None, interval_s=0.05, timeout_s=0.5, log=lines.append).start()
+        watcher = spot.SpotWatcher(url, lambda n: None, interval_s=0.05, timeout_s=0.5).start()
         try:
             deadline = time.monotonic() + 10
             while watcher.failures < 2 and time.monotonic() < deadline:
@@ -210,13 +219,14 @@ def test_an_unreachable_service_is_retried_without_crashing():
         finally:
             watcher.stop()
     assert not watcher._thread.is_alive()
+    lines = [line for _, line in records(caplog)]
     assert len(lines) == 1 and "retrying every 0.05 s" in lines[0] and "ClientConnectorError" in lines[0]
 
 
 @pytest.mark.parametrize("body", ["[]", '{"action": 3}', "not json"])
 def test_a_malformed_notice_is_a_failure_not_a_notice(imds, body):
     got = []
-    watcher = spot.SpotWatcher(imds.url, got.append, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append)
     imds.notices[spot.PATHS["spot"]] = body
     with pytest.raises(ValueError):
         poll(watcher)
@@ -261,7 +271,7 @@ def test_the_local_imds_posts_a_notice_the_watcher_reads():
     instance-action the watcher parses."""
     imds = spot.LocalImds()
     got: list[spot.Notice] = []
-    watcher = spot.SpotWatcher(imds.url, got.append, interval_s=0.05, log=lambda line: None)
+    watcher = spot.SpotWatcher(imds.url, got.append, interval_s=0.05)
     try:
         poll(watcher)
         assert got == [] and watcher.failures == 0

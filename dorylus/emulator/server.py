@@ -88,19 +88,21 @@ from urllib.parse import unquote
 from aiohttp import web
 from aiohttp.http import HttpProcessingError
 
+from dorylus import logs
 from dorylus.emulator.faults import FAULT_KINDS, FaultPlan
 from dorylus.emulator.physics import AWS_LIKE, Physics
 from dorylus.emulator.pool import Outcome, WorkerPool
 from dorylus.endpoints import check_port
 from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
 from dorylus.errors import ConfigError
+from dorylus.function import FUNCTION_HANDLER, FUNCTION_NAME
 
 logger = logging.getLogger("dorylus.emulator")
 
 SYNC_PAYLOAD_LIMIT = 6 * 1024 * 1024  # 6,291,456 bytes, RequestResponse request and response
 EVENT_PAYLOAD_LIMIT = 256 * 1024  # 262,144 bytes, Event request
 LOG_TAIL_BYTES = 4096
-DEFAULT_FUNCTIONS = {"dorylus-gcn": "lambdas.handler:handler"}
+DEFAULT_FUNCTIONS = {FUNCTION_NAME: FUNCTION_HANDLER}
 DEFAULT_PORT = 9001
 ACCOUNT_ID = "123456789012"
 
@@ -610,8 +612,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] |
           environment: Mapping[str, str] | None = None) -> EmulatorServer:
     """Start an emulator in background threads and return it once every worker is ready.
 
-    ``functions``: ``{name: "package.module:function"}`` (default: ``dorylus-gcn`` ->
-    ``lambdas.handler:handler``). ``concurrency``: worker processes = most calls in flight
+    ``functions``: ``{name: "package.module:function"}`` (default: the tensor function,
+    :data:`~dorylus.function.FUNCTION_NAME` -> ``lambdas.handler:handler``). ``concurrency``: worker processes = most calls in flight
     (default: CPU count, at least 2). ``code_dirs``: directories put first on the workers'
     import path, like a function's unpacked code bundle. ``physics``: latencies, cold starts,
     bandwidth and CPU share (default: none; ``Physics(start_latency_ms=start_latency_ms)``).
@@ -694,6 +696,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
     faults.add_argument("--fault-seed", type=int, default=0,
                         help="seed of which calls fail (default: %(default)s)")
+    logs.add_argument(parser)
 
 
 _PHYSICS_OPTIONS = {"start_latency_ms": "--start-latency-ms", "cold_start_ms": "--cold-start-ms",
@@ -741,6 +744,7 @@ def faults_from_args(args: argparse.Namespace) -> FaultPlan | None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly; returns 0."""
+    logs.setup("lambda-emulator", args.log_level)
     check_port("--port", args.port)
     functions = parse_function_args(args.function) if args.function else None
     physics, faults = physics_from_args(args), faults_from_args(args)
@@ -751,8 +755,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         with serve(args.host, args.port, functions, args.concurrency, args.memory_mb,
                    args.timeout_s, code_dirs=args.code_dir, physics=physics,
                    faults=faults) as server:
-            print(f"lambda emulator listening on {server.url} (concurrency {server.concurrency}, "
-                  f"memory {server.memory_mb} MB)", flush=True)
+            logger.info("listening on %s (concurrency %d, memory %d MB)", server.url,
+                        server.concurrency, server.memory_mb)
             while not stop.wait(0.5):
                 pass
     finally:

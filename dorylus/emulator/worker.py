@@ -7,7 +7,7 @@ The server talks to a worker over a multiprocessing pipe with pickled messages:
 * worker -> server: a result ``dict``: ``ok`` (bool), ``body`` (bytes: the handler's JSON
   result, or Lambda's error object ``{"errorMessage", "errorType", "requestId", "stackTrace"}``),
   ``duration_ns`` (import + handler wall time in this process), ``init_ns`` (import part),
-  ``log`` (what the call printed, framed by Lambda's START/END lines), ``max_rss_mb``.
+  ``log`` (what the call printed and logged, framed by Lambda's START/END lines), ``max_rss_mb``.
 
 A call dict may also carry the server's physics and fault plan, already resolved for the call
 (all optional): ``cold`` (bool: this worker has not run the function within the keep-warm
@@ -16,6 +16,11 @@ call's memory buys; CPU work beyond it stretches the call, see
 :func:`dorylus.emulator.physics.cpu_stretch_s`), ``bandwidth_bytes_per_s`` (exposed on the
 context), ``fault`` (``raise``, ``crash``, ``hang`` or ``straggle``, see
 :mod:`dorylus.emulator.faults`) and ``straggle_factor``.
+
+The handler's :mod:`logging` records reach the call's log as Lambda's Python runtime writes them
+to CloudWatch: ``[LEVEL]\tUTC time\trequest id\tmessage``, through a handler on the root logger,
+whose level stays Python's default (WARNING) as in Lambda: a function that wants INFO records
+sets its logger's level.
 
 Timeouts and crashes are the server's business: it kills this process and starts another, the
 way Lambda discards a sandbox. Only the standard library is imported here, so a fresh worker
@@ -28,6 +33,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import os
 import resource
 import signal
@@ -65,6 +71,23 @@ class LambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+@contextlib.contextmanager
+def _call_logging(log: io.StringIO, request_id: str):
+    """What Lambda's runtime puts on the root logger: the call's records, in its log, stamped
+    with its request id (an emulator request id is a UUID: no ``%`` for the format to trip on)."""
+    handler = logging.StreamHandler(log)
+    formatter = logging.Formatter(f"[%(levelname)s]\t%(asctime)s.%(msecs)03dZ\t{request_id}\t%(message)s",
+                                  "%Y-%m-%dT%H:%M:%S")
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
 
 
 def _error_body(request_id: str, error_type: str, message: str, stack: list[str]) -> bytes:
@@ -117,7 +140,7 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
     log.write(f"START RequestId: {request_id} Version: $LATEST\n")
     ok, init_ns = False, 0
     start = time.perf_counter_ns()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), _call_logging(log, request_id):
         try:
             cold_start_ms = call.get("cold_start_ms", 0.0) if call.get("cold") else 0.0
             if cold_start_ms:
@@ -140,7 +163,7 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
                                    f"Unable to marshal response: {exc}", [])
         except _HandlerLoadError as exc:
             body = _error_body(request_id, exc.error_type, str(exc), [])
-            print(f"[ERROR] {exc.error_type}: {exc}")
+            log.write(f"[ERROR] {exc.error_type}: {exc}\n")  # the runtime's own line, not a record
         except _InjectedHang as exc:
             body = _error_body(request_id, "Sandbox.Timedout", str(exc), [])
         except Exception as exc:
@@ -150,7 +173,7 @@ def run_call(call: dict[str, Any], handlers: dict[str, Callable]) -> dict[str, A
                 tb = tb.tb_next
             stack = traceback.format_tb(tb) if tb is not None else []
             body = _error_body(request_id, type(exc).__name__, str(exc), stack)
-            print(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(stack)}", end="")
+            log.write(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(stack)}")
     duration_ns = time.perf_counter_ns() - start
     log.write(f"END RequestId: {request_id}\n")
     max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux: KiB

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -51,6 +52,15 @@ def unserializable(event, context):
 def chatty(event, context):
     for _ in range(event.get("lines", 1)):
         print(f"hello from {context.function_name}: {event['word']}")
+    return "ok"
+
+
+def logs(event, context):
+    """Log as a Lambda function does: its own logger at INFO, the root left as the runtime set it."""
+    logger = logging.getLogger("tests.emulator.logs")
+    logger.setLevel(logging.INFO)
+    logger.info("said: %s", event["word"])
+    logging.getLogger("tests.emulator.quiet").info("below the root's level")
     return "ok"
 
 

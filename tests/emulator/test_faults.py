@@ -218,7 +218,7 @@ def test_cli_with_physics_and_faults():
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+        threading.Thread(target=lambda: lines.put(process.stderr.readline()), daemon=True).start()
         line = lines.get(timeout=30)
         url = re.search(r"http://\S+", line).group(0)
         client = boto3.client("lambda", endpoint_url=url, region_name="us-east-1",

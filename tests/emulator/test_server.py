@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import http.client
 import json
 import math
@@ -33,7 +34,7 @@ from . import handlers
 
 H = handlers.__name__
 FUNCTIONS = {name: f"{H}:{name}" for name in (
-    "echo", "sleep", "noop", "fail", "crash", "unserializable", "chatty", "touch", "big")}
+    "echo", "sleep", "noop", "fail", "crash", "unserializable", "chatty", "logs", "touch", "big")}
 FUNCTIONS["missing-attr"] = f"{H}:does_not_exist"
 FUNCTIONS["broken-import"] = f"{H.rpartition('.')[0]}.broken_handler:handler".lstrip(".")
 # The directory from which H imports; pytest does not leave it on sys.path for the workers.
@@ -413,6 +414,19 @@ def test_log_tail(client):
     assert "LogResult" not in client.invoke(FunctionName="chatty", Payload=b'{"word": "x"}')
 
 
+def test_handler_records_reach_the_call_log_as_lambda_writes_them(client):
+    before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    r = client.invoke(FunctionName="logs", LogType="Tail", Payload=b'{"word": "bird"}')
+    log = base64.b64decode(r["LogResult"]).decode()
+    request_id = r["ResponseMetadata"]["RequestId"]
+    match = re.search(rf"^\[INFO\]\t(\S+)Z\t{request_id}\tsaid: bird$", log, re.MULTILINE)
+    assert match, log
+    when = datetime.datetime.strptime(match[1], "%Y-%m-%dT%H:%M:%S.%f")  # UTC, as CloudWatch shows it
+    assert before - datetime.timedelta(seconds=1) <= when <= datetime.datetime.now(datetime.timezone.utc).replace(
+        tzinfo=None)
+    assert "below the root's level" not in log
+
+
 def test_start_latency_is_not_billed():
     with serve(functions={"noop": FUNCTIONS["noop"]}, concurrency=1, memory_mb=128,
                timeout_s=2.0, start_latency_ms=300, code_dirs=[CODE_DIR]) as server:
@@ -450,7 +464,7 @@ def test_port_in_use_is_a_clear_error(emulator):
 
 
 def test_cli_serves_until_sigterm():
-    """``run_from_args`` prints its URL, serves, and exits 0 on SIGTERM."""
+    """``run_from_args`` logs its URL, serves, and exits 0 on SIGTERM."""
     code = ("import argparse, sys\n"
             "from dorylus.emulator import add_arguments, run_from_args\n"
             "parser = argparse.ArgumentParser()\nadd_arguments(parser)\n"
@@ -461,10 +475,10 @@ def test_cli_serves_until_sigterm():
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: lines.put(process.stdout.readline()), daemon=True).start()
+        threading.Thread(target=lambda: lines.put(process.stderr.readline()), daemon=True).start()
         line = lines.get(timeout=30)
-        match = re.fullmatch(r"lambda emulator listening on (http://127\.0\.0\.1:\d+) "
-                             r"\(concurrency 1, memory 256 MB\)\n", line)
+        match = re.fullmatch(rf"\S+ \S+ lambda-emulator\[{process.pid}\] INFO listening on "
+                             r"(http://127\.0\.0\.1:\d+) \(concurrency 1, memory 256 MB\)\n", line)
         assert match, line
         client = boto3.client("lambda", endpoint_url=match.group(1), region_name="us-east-1",
                               config=Config(retries={"max_attempts": 0}), **CLIENT_KW)

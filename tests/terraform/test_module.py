@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from dorylus.function import FUNCTION_NAME
+
 hcl2 = pytest.importorskip("hcl2")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,6 +173,11 @@ def test_function_runs_the_bundle_in_the_vpc(tf):
         assert f"${{aws_ec2_subnet_cidr_reservation.{name}}}" in function["depends_on"]
     assert "local.param_server_block" in tf["locals"]["param_server_ips"]
     assert "local.graph_server_block" in tf["locals"]["graph_server_ips"]
+
+
+def test_the_function_is_deployed_under_the_name_graph_servers_invoke_by_default(tf):
+    assert tf["locals"]["function_name"] == "${var.name}-tensor"
+    assert f"{tf['variable']['name']['default']}-tensor" == FUNCTION_NAME
 
 
 def test_function_environment_holds_the_keys_dorylus_reads(tf):
