@@ -60,7 +60,7 @@ from dorylus.errors import DorylusError
 from dorylus.normalize import gcn_normalize, row_normalize
 from dorylus.runs import read_metrics
 from dorylus.training import run_training
-from graphserver.backends.gpu import set_tf32
+from graphserver.backends.gpu_device import set_tf32
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"

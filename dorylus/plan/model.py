@@ -326,7 +326,7 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
     ==============  ======================================================================
 
-    A backend on a GPU (the ``gpu`` backend's :class:`graphserver.backends.gpu.DeviceState`) holds:
+    A backend on a GPU (the ``gpu`` backend's :class:`graphserver.backends.gpu_device.DeviceState`) holds:
     torch CSR matrices of A_hat and its transpose, each a column id and a float32 value per
     entry and a row pointer of the indices' type per row, the static inputs (features, int64 ids
     and labels, uint8 split) and the row buffers.

@@ -30,7 +30,8 @@ first, then stage order, then interval). ``concurrency`` may change between epoc
 failed_calls, busy and waiting time); ``await close()`` releases it.
 
 A backend's module is imported when the config names it: it loads nothing heavy at import
-(torch is imported where a graph server first needs it), except the gpu backend's.
+(torch is imported where a graph server first needs it; the gpu backend's device side is a
+module of its own, :mod:`graphserver.backends.gpu_device`).
 """
 
 from __future__ import annotations

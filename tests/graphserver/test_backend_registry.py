@@ -107,15 +107,31 @@ def test_the_lambda_backends_local_services_are_an_emulator_the_graph_servers_re
         urllib.request.urlopen(f"{url}/2015-03-31/functions/{name}/invocations", data=b"{}", timeout=5)
 
 
-def test_config_and_planner_import_no_torch():
-    """The registry's light modules: validating a lambda, cpu or reference config, and pricing
-    it, loads no torch (the parameter server and the coordinator never need it)."""
+def test_config_and_planner_import_no_torch(tmp_path):
+    """The registry's modules are light: validating a config of every backend (gpu's included:
+    its device-side module, graphserver.backends.gpu_device, is the graph server's), pricing it,
+    a gpu run's machine check on torch's CPU device, and `dorylus plan`'s table at scale and its
+    local predictions (gpu's from a calibration taken with a GPU) load no torch: the coordinator,
+    the parameter server and the planner never need it."""
+    import dataclasses
     import subprocess
 
-    code = ("import sys\nfrom dorylus.config import TrainConfig\nfrom dorylus.cost import Pricing\n"
-            "for b in ('lambda', 'cpu', 'reference'):\n"
+    from tests.plan.test_command import CAL
+
+    calibration = tmp_path / "cal.json"
+    dataclasses.replace(CAL, gpu=CAL.cpu, gpu_name="NVIDIA H100 80GB HBM3").save(calibration)
+    code = ("import contextlib, io, sys\nfrom dorylus.cli import main\nfrom dorylus.config import TrainConfig\n"
+            "from dorylus.cost import Pricing\n"
+            f"for b in {tuple(BACKENDS)!r}:\n"
             "    Pricing.of_run(TrainConfig(backend=b), parts=2)\n"
-            "print('torch' in sys.modules)\n")
+            "TrainConfig(backend='gpu', device='cpu').check_machine()\n"
+            "checked = 'torch' in sys.modules\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    assert main(['plan', '--calibration', {str(calibration)!r}]) == 0\n"
+            f"    assert main(['plan', '--calibration', {str(calibration)!r}, '--dataset', 'synthetic-1m',\n"
+            "                 '--backend', 'gpu', '--backend', 'lambda']) == 0\n"
+            "assert 'gpu      2' in out.getvalue(), out.getvalue()\n"
+            "print(checked, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["False", "False"]

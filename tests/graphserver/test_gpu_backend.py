@@ -1,4 +1,4 @@
-"""The gpu backend's partition state (graphserver.backends.gpu.DeviceState) against the host
+"""The gpu backend's partition state (graphserver.backends.gpu_device.DeviceState) against the host
 state every other backend uses: the same Gather and Gather backward (each model's torch twin on
 the device), the same ghost rows in and out, and the device chosen and budgeted as configured.
 
@@ -26,7 +26,7 @@ from dorylus.models.base import GATHER, GATHER_BACKWARD
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import assign_parts, open_store, write_store
 from graphserver.backends import make_state
-from graphserver.backends.gpu import DeviceState, open_device
+from graphserver.backends.gpu_device import DeviceState, open_device
 from graphserver.state import PartitionState
 from tests.graphs import random_graph
 
@@ -151,8 +151,13 @@ def test_open_device_on_cpu_leaves_cuda_alone(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_cuda_asked_without_cuda_is_a_config_error(device):
+    """Refused by the machine check before a local run writes anything, and by a graph server
+    before it builds a state (its machine may not be the coordinator's)."""
+    config = TrainConfig(backend="gpu", device=device)
     with pytest.raises(ConfigError, match=r"--device.*CUDA is not available"):
-        open_device(TrainConfig(backend="gpu", device=device), parts=1)
+        config.check_machine()
+    with pytest.raises(ConfigError, match=r"--device.*CUDA is not available"):
+        make_state(config, None, None, parts=1)
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:", "CUDA", "cuda:x", "gpu"])
@@ -164,7 +169,7 @@ def test_unknown_device_is_a_config_error(device):
 @CUDA
 @pytest.mark.parametrize("fraction, parts", [(None, 4), (None, 1), (0.5, 4)])
 def test_open_device_sets_the_memory_budget_and_tf32(monkeypatch, restore_tf32, fraction, parts):
-    from graphserver.backends.gpu import memory_fraction
+    from graphserver.backends.gpu_device import memory_fraction
 
     budgets = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: budgets.append((f, index)))
@@ -180,7 +185,7 @@ def test_open_device_sets_the_memory_budget_and_tf32(monkeypatch, restore_tf32, 
 
 # ---------------------------------------------------------------------------------------------
 # The CUDA paths of DeviceState, run on torch's CPU device through a recording stand-in for
-# graphserver.backends.gpu.CudaRuntime: which copies are pinned, non-blocking and on the copy
+# graphserver.backends.gpu_device.CudaRuntime: which copies are pinned, non-blocking and on the copy
 # stream, what each stage waits for, and from which threads CUDA is touched.
 
 
@@ -210,7 +215,7 @@ class _FakeStream:
 
 
 class FakeCuda:
-    """graphserver.backends.gpu.CudaRuntime's interface over CPU tensors, recording what the
+    """graphserver.backends.gpu_device.CudaRuntime's interface over CPU tensors, recording what the
     state asks of it; every call checks that its thread made the device current first."""
 
     def __init__(self):
@@ -472,7 +477,7 @@ def restore_tf32():
 
 
 def test_tf32_is_set_through_the_fp32_precision_api(restore_tf32):
-    from graphserver.backends.gpu import set_tf32
+    from graphserver.backends.gpu_device import set_tf32
 
     set_tf32(True)
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("tf32", "tf32")
@@ -483,12 +488,10 @@ def test_tf32_is_set_through_the_fp32_precision_api(restore_tf32):
 def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
     """cuda:1 on a machine faked to have two 80 GiB GPUs: the device is made current before
     anything else, TF32 goes through fp32_precision, and the budget is 1/parts less a context."""
-    from graphserver.backends import gpu
-    from graphserver.backends.gpu import CONTEXT_RESERVE_BYTES
+    from graphserver.backends.gpu_device import CONTEXT_RESERVE_BYTES
 
     calls = []
     total = 80 * 2**30
-    monkeypatch.setattr(gpu, "check_device", lambda config: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", torch.device(d))))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda d: calls.append(("properties",)) or type("P", (), {"name": "Fake", "total_memory": total}))
@@ -505,7 +508,7 @@ def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
 
 
 def test_the_default_budget_leaves_room_for_every_context():
-    from graphserver.backends.gpu import CONTEXT_RESERVE_BYTES, memory_fraction
+    from graphserver.backends.gpu_device import CONTEXT_RESERVE_BYTES, memory_fraction
 
     total = 16 * 2**30
     for parts in (1, 2, 4, 8):
