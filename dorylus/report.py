@@ -35,6 +35,7 @@ from typing import IO, Any, Callable
 from dorylus import atomic
 from dorylus.cost import COMPONENTS
 from dorylus.errors import ConfigError
+from graphserver.backends import BACKENDS, backend_class
 
 PLOTS = ("loss.png", "accuracy.png", "task_time.png", "cost.png", "value.png")
 REQUIRED = ("epoch", "loss", "epoch_s")  # every metrics line has them
@@ -60,7 +61,11 @@ class Run:
 
     @property
     def parts(self) -> int | None:
-        return None if self.backend == "reference" else self.config.get("parts")
+        """Graph servers: None for a backend without them, whatever the config's ``parts`` says;
+        as recorded for a backend this version does not register."""
+        if self.backend in BACKENDS and not backend_class(self.backend).graph_servers:
+            return None
+        return self.config.get("parts")
 
     @property
     def epoch_s(self) -> float:

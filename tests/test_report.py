@@ -115,3 +115,13 @@ def test_load_run_reads_what_train_wrote(runs):
     run = load_run(runs[0])
     assert run.backend == "cpu" and run.parts == 2 and len(run.metrics) == 3
     assert run.cost_by_component() is not None and run.value == pytest.approx(1 / (run.epoch_s * run.cost_usd))
+
+
+@pytest.mark.parametrize("backend, parts", [("reference", None), ("cpu", 2), ("lambda", 2), ("gpu", 2),
+                                            ("some-later-backend", 2)])
+def test_parts_are_shown_for_backends_with_graph_servers(backend, parts):
+    """A backend that trains without graph servers has none, whatever its config's parts says
+    (the registry says which); a backend this version does not know keeps what was recorded."""
+    from dorylus.report import Run
+
+    assert Run(Path("run"), "run", {"backend": backend, "parts": 2}, []).parts == parts
