@@ -188,10 +188,10 @@ def compare(args: argparse.Namespace) -> dict:
     print()
     print(f"{args.dataset}: N={dataset.num_nodes:,} E={dataset.num_edges:,}, {args.parts} parts; streaming: "
           f"{args.passes} passes, chunks of {args.chunk_edges:,} edges")
-    print(f"{'method':>10}  {'seconds':>8}  {'edge cut':>8}  {'replication':>11}  {'balance':>7}")
+    print(f"{'method':>10}  {'seconds':>8}  {'edge cut':>8}  {'replication':>11}  {'balance':>7}  {'edge balance':>12}")
     for r in rows:
         print(f"{r['method']:>10}  {r['seconds']:8.2f}  {r['edge_cut']:8.4f}  {r['replication_factor']:11.3f}  "
-              f"{r['balance']:7.3f}")
+              f"{r['balance']:7.3f}  {r['edge_balance']:12.3f}")
     name = Path(args.dataset).stem if args.dataset.endswith(".npz") else Path(args.dataset).name
     result = {"benchmark": "partition-compare", "dataset": args.dataset, "num_nodes": dataset.num_nodes,
               "num_edges": dataset.num_edges, "parts": args.parts, "passes": args.passes,

@@ -335,8 +335,9 @@ def _add_partition(sub) -> None:
                       help="ldg/fennel: passes over the edges; every pass after the first re-decides each vertex "
                            "on its whole neighbourhood (default 3)")
     part.add_argument("--imbalance", type=_fraction, default=0.05,
-                      help="ldg/fennel: no part exceeds ceil((1 + IMBALANCE) * N / parts) vertices, in [0, 1] "
-                           "(default 0.05)")
+                      help="ldg/fennel: no part's load exceeds ceil((1 + IMBALANCE) * W / parts) plus one "
+                           "vertex, a vertex weighing the mean degree plus its degree (half vertices, half edges), "
+                           "in [0, 1] (default 0.05)")
     part.add_argument("--chunk-edges", type=_positive_int, default=1 << 23,
                       help="ldg/fennel: edges read per chunk (default 8388608: about 0.3 GB of temporaries)")
     part.add_argument("--tmp-dir", type=Path, default=None,

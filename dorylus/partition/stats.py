@@ -5,7 +5,8 @@ included), ``cut`` (those whose source is remote), ``ghosts`` (distinct remote i
 rows received per Scatter), ``ghost_ratio = ghosts / owned`` and ``send`` (rows sent to all peers
 per Scatter). Global: ``edge_cut`` (off-diagonal ``A_hat`` entries whose endpoints lie in
 different parts), ``edge_cut_fraction`` (of all off-diagonal entries, i.e. edges after
-symmetrization) and ``balance = max owned / mean owned`` (1.0 is perfect).
+symmetrization), ``balance = max owned / mean owned`` (1.0 is perfect) and ``edge_balance``, the
+same of the parts' in-edges (their Gather work).
 
 Two independent routes compute the same numbers: from a written store (what ``dorylus inspect``
 shows) and from an assignment plus the global ``A_hat`` (before anything is written).
@@ -68,7 +69,8 @@ def partition_stats(source: PartitionStore | np.ndarray, adjacency: NormalizedAd
         "global": {
             "num_parts": int(owned.shape[0]), "num_nodes": num_nodes, "nnz": total_nnz, "edges": edges,
             "edge_cut": int(cut.sum()), "edge_cut_fraction": float(cut.sum() / edges) if edges else 0.0,
-            "balance": float(owned.max() / owned.mean()), "ghosts": int(ghosts.sum()), "send": int(send.sum()),
+            "balance": float(owned.max() / owned.mean()), "edge_balance": float(nnz.max() / nnz.mean()),
+            "ghosts": int(ghosts.sum()), "send": int(send.sum()),
         },
     }
 
@@ -90,6 +92,6 @@ def format_stats(stats: dict) -> str:
     lines.insert(-1, lines[1])
     lines.append(
         f"edge cut: {g['edge_cut']:,} of {g['edges']:,} edges ({100 * g['edge_cut_fraction']:.2f}%); "
-        f"balance (max/mean owned): {g['balance']:.3f}"
+        f"balance (max/mean owned): {g['balance']:.3f}, of in-edges: {g['edge_balance']:.3f}"
     )
     return "\n".join(lines)

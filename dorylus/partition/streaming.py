@@ -11,9 +11,18 @@ Assignment (:func:`stream_assign`), for each pass over the edges in chunks of at
 * LDG (Stanton & Kliot, KDD 2012) puts ``v`` in :math:`\arg\max_p c[v,p] (1 - s_p / C)`;
   Fennel (Tsourakakis et al., WSDM 2014) in :math:`\arg\max_p c[v,p] - \alpha\gamma
   s_p^{\gamma-1}` with :math:`\gamma = 1.5`, :math:`\alpha = \sqrt{P}\, M / N^{1.5}` (``M``
-  undirected edges). ``s_p`` is the part's current size and ``C = ceil((1 + imbalance) N / P)``
-  a hard capacity: no part ever exceeds it (a batch that would overfill a part keeps its
-  best-scoring vertices there and sends the rest to their next choice).
+  undirected edges). ``s_p`` is the part's current load and ``C = ceil((1 + imbalance) W / P)``
+  (plus the heaviest vertex's weight, so that whole vertices always fit) a hard capacity: no
+  part ever exceeds it (a batch that would overfill a part keeps its best-scoring vertices
+  there and sends the rest to their next choice).
+* Load is weighed, not counted: vertex ``v`` weighs ``w_v = dbar + d_v`` (``d_v`` its listed
+  edges, either direction; ``dbar`` their mean, rounded, at least 1), ``W = sum w``. A part's
+  load is thus the mean of its share of the vertices and its share of the edges: a graph
+  server's memory is mostly per vertex (feature rows) and its Gather time per edge, and
+  balancing vertices alone let power-law graphs pile their hubs into one part (an
+  ogbn-products-sized graph, 2 parts: 48.0M against 14.4M in-edges, so one server did 3.3x
+  the other's Gather). Fennel's penalty reads ``s_p`` in vertices (``load * N / W``), so
+  ``alpha`` keeps its meaning. A first pass over the edges counts the degrees.
 * A vertex with no decided neighbour in the chunk carries no information: in the first pass it
   goes to the emptiest parts in turn, in later passes it stays where it is.
 * Later passes refine: one pass over the edges counts, for every vertex, its neighbours in each
@@ -25,8 +34,8 @@ Assignment (:func:`stream_assign`), for each pass over the edges in chunks of at
   0.52, 0.26, 0.13 after 1, 2, 3, 5, 8 passes; random's 0.75).
   Vertices that appear in no edge are placed after pass 1, in the emptiest parts.
 
-State: ``part_of`` (``int16`` when ``P <= 32767``) and a decided flag per vertex, so ``3 N``
-bytes in pass 1 and ``4 P + 2`` bytes per vertex in a refinement pass, plus one chunk's edges (about ``40`` bytes per edge of the chunk for the sorted
+State: ``part_of`` (``int16`` when ``P <= 32767``), a weight (``int64``) and a decided flag
+per vertex, so ``11 N`` bytes in pass 1 and ``4 P + 10`` bytes per vertex in a refinement pass, plus one chunk's edges (about ``40`` bytes per edge of the chunk for the sorted
 both-ways copy and its batch temporaries).
 
 Writing (:func:`write_streamed_store`): one pass over the edges appends each in-edge
@@ -109,16 +118,21 @@ def stream_assign(
             directions); ``None`` counts the first pass' edges first (one extra pass).
 
     Returns:
-        ``int64 [N]`` part per vertex; every part non-empty and at most the capacity.
+        ``int64 [N]`` part per vertex; every part non-empty and its load (module docstring) at
+        most the capacity.
     """
     n, p = int(num_nodes), int(num_parts)
     if p == 1:
         return np.zeros(n, dtype=np.int64)
     report = progress or (lambda message: None)
-    capacity = int(math.ceil((1.0 + imbalance) * n / p))
-    if method == "fennel" and num_edges is None:
-        num_edges = sum(int(src.shape[0]) for src, _ in chunks())
-    alpha = math.sqrt(p) * max(int(num_edges or 0), 1) / n ** 1.5 if method == "fennel" else 0.0
+    start = time.perf_counter()
+    weight, listed = vertex_weights(n, chunks)
+    if num_edges is None:
+        num_edges = listed
+    capacity = load_capacity(weight, p, imbalance)
+    load = _Load(weight, n, capacity, method,
+                 math.sqrt(p) * max(int(num_edges or 0), 1) / n ** 1.5 if method == "fennel" else 0.0)
+    report(f"{method}: degrees of {listed:,} edges ({time.perf_counter() - start:.1f} s)")
     part_of = np.full(n, -1, dtype=_part_dtype(p))
     sizes = np.zeros(p, dtype=np.int64)
     rotation = int(np.random.default_rng(seed).integers(p))
@@ -128,31 +142,65 @@ def stream_assign(
     seen_edges = 0
     for src, dst in chunks():
         seen_edges += int(src.shape[0])
-        _assign_chunk(np.asarray(src), np.asarray(dst), part_of, sizes, decided, capacity, method, alpha,
-                      batch, rotation)
+        _assign_chunk(np.asarray(src), np.asarray(dst), part_of, sizes, decided, load, batch, rotation)
     del decided
     # Vertices in no edge: the first pass left them undecided; place them in the emptiest parts.
     loose = np.flatnonzero(part_of < 0)
     if loose.size:
-        _fill(loose, part_of, sizes, capacity, rotation)
+        part_of[loose] = _fill(weight[loose], sizes, load, rotation)
     report(f"{method} pass 1/{passes}: {seen_edges:,} edges ({time.perf_counter() - start:.1f} s), "
-           f"part sizes {sizes.min():,}..{sizes.max():,} (capacity {capacity:,})")
+           f"part loads {sizes.min():,}..{sizes.max():,} (capacity {capacity:,})")
     order = np.random.default_rng(seed).permutation(n) if passes > 1 else None
     for pass_no in range(1, passes):
         start = time.perf_counter()
         counts = _neighbour_parts(n, chunks, part_of, p)
-        moved = _refine(counts, order, part_of, sizes, capacity, method, alpha, batch)
+        moved = _refine(counts, order, part_of, sizes, load, batch)
         del counts
         report(f"{method} pass {pass_no + 1}/{passes}: {moved:,} vertices moved ({time.perf_counter() - start:.1f} s), "
-               f"part sizes {sizes.min():,}..{sizes.max():,}")
+               f"part loads {sizes.min():,}..{sizes.max():,}")
     parts = part_of.astype(np.int64)
-    _ensure_nonempty(parts, sizes)
+    _ensure_nonempty(parts, sizes, weight)
     return parts
 
 
+def vertex_weights(num_nodes: int, chunks: Chunks) -> tuple[np.ndarray, int]:
+    """``(w, edges)``: ``int64 [N]`` weights ``dbar + d_v`` (module docstring) from one pass,
+    and the number of listed edges."""
+    n = int(num_nodes)
+    degree = np.zeros(n, dtype=np.int64)
+    edges = 0
+    for src, dst in chunks():
+        src, dst = np.asarray(src), np.asarray(dst)
+        edges += int(src.shape[0])
+        keep = src != dst
+        degree += np.bincount(src[keep], minlength=n)
+        degree += np.bincount(dst[keep], minlength=n)
+    degree += max(1, round(int(degree.sum()) / max(n, 1)))
+    return degree, edges
+
+
+def load_capacity(weight: np.ndarray, num_parts: int, imbalance: float) -> int:
+    """The hard cap on a part's load: ``ceil((1 + imbalance) W / P)`` plus the heaviest weight."""
+    return int(math.ceil((1.0 + imbalance) * int(weight.sum()) / num_parts)) + int(weight.max(initial=0))
+
+
+class _Load:
+    """What the scores and the capacity read: the weights, ``N / W`` (Fennel's loads in vertex
+    units), the capacity and the method's constants."""
+
+    def __init__(self, weight: np.ndarray, num_nodes: int, capacity: int, method: str, alpha: float):
+        self.weight, self.capacity, self.method, self.alpha = weight, int(capacity), method, float(alpha)
+        self.per_vertex = num_nodes / max(int(weight.sum()), 1)
+
+    @property
+    def target(self) -> int:
+        """The capacity less the heaviest weight: where fills aim, so whole vertices still fit."""
+        return self.capacity - int(self.weight.max(initial=0))
+
+
 def _water_level(sizes: np.ndarray, count: int, capacity: int, rotation: int) -> np.ndarray:
-    """How many of ``count`` uninformed vertices each part takes (``int64 [P]``, summing to
-    ``count``) so that the smallest parts rise to a common level, none beyond ``capacity``;
+    """How much of ``count`` units of uninformed load each part takes (``int64 [P]``, summing
+    to ``count``) so that the smallest parts rise to a common level, none beyond ``capacity``;
     the last units go to the parts at the level in part order rotated by ``rotation``."""
     p = sizes.size
     room = np.maximum(capacity - sizes, 0)
@@ -178,22 +226,28 @@ def _water_level(sizes: np.ndarray, count: int, capacity: int, rotation: int) ->
     return want
 
 
-def _fill(vertices: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, capacity: int, rotation: int) -> None:
-    """Place ``vertices`` (no information) so that part sizes even out (:func:`_water_level`)."""
-    want = _water_level(sizes, vertices.size, capacity, rotation)
-    part_of[vertices] = np.repeat(np.arange(sizes.size), want)
-    sizes += want
+def _fill(weights: np.ndarray, sizes: np.ndarray, load: _Load, rotation: int) -> np.ndarray:
+    """Parts for vertices of ``weights`` (no information, in order) so that part loads even out
+    (:func:`_water_level` towards the target): consecutive runs, one per part; each vertex goes
+    where the middle of its weight falls, so a part overshoots its share by less than one
+    vertex, within the capacity's allowance. Adds the loads to ``sizes``."""
+    want = _water_level(sizes, int(weights.sum()), load.target, rotation)
+    ends = np.cumsum(weights)
+    choice = np.searchsorted(np.cumsum(want), ends - weights / 2.0, side="right")
+    choice = np.minimum(choice, sizes.size - 1)
+    sizes += np.bincount(choice, weights=weights, minlength=sizes.size).astype(np.int64)
+    return choice
 
 
-def _scores(counts: np.ndarray, sizes: np.ndarray, capacity: int, method: str, alpha: float) -> np.ndarray:
+def _scores(counts: np.ndarray, sizes: np.ndarray, load: _Load) -> np.ndarray:
     """LDG or Fennel score of every (vertex, part), ``float64 [rows, P]``; full parts ``-inf``;
     ties to the emptier part."""
-    if method == "ldg":
-        score = counts * (1.0 - sizes / capacity)
+    if load.method == "ldg":
+        score = counts * (1.0 - sizes / load.capacity)
     else:
-        score = counts - alpha * FENNEL_GAMMA * np.power(sizes, FENNEL_GAMMA - 1.0)
-    score -= 1e-9 * sizes
-    score[:, sizes >= capacity] = -np.inf
+        score = counts - load.alpha * FENNEL_GAMMA * np.power(sizes * load.per_vertex, FENNEL_GAMMA - 1.0)
+    score -= 1e-9 * sizes * load.per_vertex
+    score[:, sizes >= load.capacity] = -np.inf
     return score
 
 
@@ -211,8 +265,8 @@ def _neighbour_parts(n: int, chunks: Chunks, part_of: np.ndarray, p: int) -> np.
     return counts.reshape(n, p)
 
 
-def _refine(counts: np.ndarray, order: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, capacity: int,
-            method: str, alpha: float, batch: int) -> int:
+def _refine(counts: np.ndarray, order: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, load: _Load,
+            batch: int) -> int:
     """Re-decide every vertex with its whole neighbourhood's parts (``counts``), in ``order``,
     ``batch`` at a time; a vertex moves only for a strictly better score. Returns the moves."""
     p = sizes.size
@@ -220,22 +274,23 @@ def _refine(counts: np.ndarray, order: np.ndarray, part_of: np.ndarray, sizes: n
     for lo in range(0, order.size, batch):
         vs = order[lo : lo + batch]
         current = part_of[vs].astype(np.int64)
-        sizes -= np.bincount(current, minlength=p)
+        w = load.weight[vs]
+        sizes -= np.bincount(current, weights=w, minlength=p).astype(np.int64)
         rows = counts[vs].astype(np.float64)
-        score = _scores(rows, sizes, capacity, method, alpha)
+        score = _scores(rows, sizes, load)
         score[np.arange(vs.size), current] += 1e-6  # stay unless another part is strictly better
         lonely = ~rows.any(axis=1)
         score[lonely] = -1.0
         score[lonely, current[lonely]] = 1.0
-        choice = _enforce_capacity(score, np.argmax(score, axis=1), sizes, capacity)
+        choice = _enforce_capacity(score, np.argmax(score, axis=1), sizes, w, load.capacity)
         moved += int(np.count_nonzero(choice != current))
         part_of[vs] = choice
-        sizes += np.bincount(choice, minlength=p)
+        sizes += np.bincount(choice, weights=w, minlength=p).astype(np.int64)
     return moved
 
 
 def _assign_chunk(src: np.ndarray, dst: np.ndarray, part_of: np.ndarray, sizes: np.ndarray, decided: np.ndarray,
-                  capacity: int, method: str, alpha: float, batch: int, rotation: int) -> None:
+                  load: _Load, batch: int, rotation: int) -> None:
     """First pass: decide the chunk's undecided vertices, ``batch`` at a time, from their
     neighbours in this chunk (module docstring)."""
     p = sizes.size
@@ -266,28 +321,31 @@ def _assign_chunk(src: np.ndarray, dst: np.ndarray, part_of: np.ndarray, sizes: 
         counts = np.bincount(row[row_ok] * p + nb[row_ok], minlength=vs.size * p).reshape(vs.size, p)
         del row, row_ok, nb
         informed = counts.any(axis=1)
-        score = _scores(counts.astype(np.float64), sizes, capacity, method, alpha)
+        w = load.weight[vs]
+        score = _scores(counts.astype(np.float64), sizes, load)
         choice = np.argmax(score, axis=1)
         if not informed.all():
             blind = np.flatnonzero(~informed)
             # The informed vertices' choices count against capacity before the blind fill.
-            taken = sizes + np.bincount(choice[informed], minlength=p)
-            want = _water_level(np.minimum(taken, capacity), blind.size, capacity, rotation)
-            choice[blind] = np.repeat(np.arange(p), want)
+            taken = sizes + np.bincount(choice[informed], weights=w[informed], minlength=p).astype(np.int64)
+            taken = np.minimum(taken, load.target)
+            choice[blind] = _fill(w[blind], taken, load, rotation)
             score[blind] = -1.0
             score[blind, choice[blind]] = 1.0
-        choice = _enforce_capacity(score, choice, sizes, capacity)
+        choice = _enforce_capacity(score, choice, sizes, w, load.capacity)
         part_of[vs] = choice
-        sizes += np.bincount(choice, minlength=p)
+        sizes += np.bincount(choice, weights=w, minlength=p).astype(np.int64)
         decided[vs] = True
 
 
-def _enforce_capacity(score: np.ndarray, choice: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
-    """Keep each part within ``capacity``: where a batch's choices overfill a part, its
-    best-scoring vertices stay and the others take their best part with room."""
+def _enforce_capacity(score: np.ndarray, choice: np.ndarray, sizes: np.ndarray, weights: np.ndarray,
+                      capacity: int) -> np.ndarray:
+    """Keep each part's load within ``capacity``: where a batch's choices (of ``weights``)
+    overfill a part, its best-scoring vertices stay while they fit and the others take their
+    best part with room."""
     p = sizes.size
     while True:
-        wanted = np.bincount(choice, minlength=p)
+        wanted = np.bincount(choice, weights=weights, minlength=p).astype(np.int64)
         over = np.flatnonzero(sizes + wanted > capacity)
         if not over.size:
             return choice
@@ -295,23 +353,28 @@ def _enforce_capacity(score: np.ndarray, choice: np.ndarray, sizes: np.ndarray, 
             members = np.flatnonzero(choice == part)
             room = max(0, capacity - int(sizes[part]))
             rank = np.argsort(-score[members, part], kind="stable")
-            evicted = members[rank[room:]]
+            stay = int(np.searchsorted(np.cumsum(weights[members[rank]]), room, side="right"))
+            evicted = members[rank[stay:]]
             closed = np.ones(score.shape[0], dtype=np.bool_)
-            closed[members[rank[:room]]] = False
+            closed[members[rank[:stay]]] = False
             score[closed, part] = -np.inf  # full now: nobody else in the batch may move in
             choice[evicted] = np.argmax(score[evicted], axis=1)
             if np.isinf(score[evicted, choice[evicted]]).any():
                 raise ConfigError("partition capacity too small for the vertices (raise imbalance)")
 
 
-def _ensure_nonempty(parts: np.ndarray, sizes: np.ndarray) -> None:
-    """Move one vertex of the largest part into each empty part (only possible when N is
-    barely above P)."""
-    for empty in np.flatnonzero(sizes == 0):
-        largest = int(np.argmax(sizes))
-        parts[np.flatnonzero(parts == largest)[0]] = empty
-        sizes[largest] -= 1
-        sizes[empty] += 1
+def _ensure_nonempty(parts: np.ndarray, sizes: np.ndarray, weights: np.ndarray) -> None:
+    """Move one vertex of the part with the most vertices into each empty part (only possible
+    when N is barely above P)."""
+    counts = np.bincount(parts, minlength=sizes.size)
+    for empty in np.flatnonzero(counts == 0):
+        largest = int(np.argmax(counts))
+        v = np.flatnonzero(parts == largest)[0]
+        parts[v] = empty
+        counts[largest] -= 1
+        counts[empty] += 1
+        sizes[largest] -= weights[v]
+        sizes[empty] += weights[v]
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +387,8 @@ class CutStats:
     endpoints lie in different parts; ``replication_factor`` = ``(N + sum_p ghosts_p) / N``,
     the average number of parts holding a copy of a vertex (its owner plus every part with an
     in-edge from it; for an undirected graph, any edge); ``balance`` = largest part over
-    ``N / P``."""
+    ``N / P``; ``edge_balance`` = the most in-edges of a part (its graph server's Gather work;
+    an undirected edge is an in-edge of both ends) over the mean."""
 
     edge_cut: float
     cut_edges: int
@@ -332,6 +396,7 @@ class CutStats:
     replication_factor: float
     ghosts: int
     balance: float
+    edge_balance: float
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -342,12 +407,16 @@ def cut_stats(num_nodes: int, chunks: Chunks, parts: np.ndarray, num_parts: int,
     n, p = int(num_nodes), int(num_parts)
     parts = np.asarray(parts, dtype=np.int64)
     holds = np.zeros(n * p, dtype=np.bool_)  # holds[u * P + q]: part q keeps a ghost of u
+    in_edges = np.zeros(p, dtype=np.int64)
     cut = total = 0
     for src, dst in chunks():
         src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         keep = src != dst
         src, dst = src[keep], dst[keep]
         ps, pd = parts[src], parts[dst]
+        in_edges += np.bincount(pd, minlength=p)
+        if not directed:
+            in_edges += np.bincount(ps, minlength=p)
         crossing = ps != pd
         total += int(src.size)
         cut += int(crossing.sum())
@@ -357,7 +426,8 @@ def cut_stats(num_nodes: int, chunks: Chunks, parts: np.ndarray, num_parts: int,
     ghosts = int(holds.sum())
     sizes = np.bincount(parts, minlength=p)
     return CutStats(edge_cut=cut / max(total, 1), cut_edges=cut, edges=total,
-                    replication_factor=(n + ghosts) / n, ghosts=ghosts, balance=float(sizes.max() * p / n))
+                    replication_factor=(n + ghosts) / n, ghosts=ghosts, balance=float(sizes.max() * p / n),
+                    edge_balance=float(in_edges.max() * p / max(int(in_edges.sum()), 1)))
 
 
 def array_chunks(src: np.ndarray, dst: np.ndarray, chunk_edges: int) -> Chunks:

@@ -443,8 +443,9 @@ def test_stats_of_a_path_by_hand(tmp_path):
     ]
     g = stats["global"]
     assert (g["edge_cut"], g["edges"], g["edge_cut_fraction"], g["balance"]) == (2, 8, 0.25, 3 / 2.5)
+    assert g["edge_balance"] == pytest.approx(8 / 6.5)  # in-edges with self loops: 8 and 5
     table = format_stats(stats)
-    assert "edge cut: 2 of 8 edges (25.00%); balance (max/mean owned): 1.200" in table
+    assert "edge cut: 2 of 8 edges (25.00%); balance (max/mean owned): 1.200, of in-edges: 1.231" in table
     assert table.splitlines()[0].split() == ["part", "owned", "in-edges", "cut", "in-edges", "ghosts", "ghosts/owned", "send", "rows"]
 
 

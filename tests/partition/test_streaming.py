@@ -19,7 +19,8 @@ from dorylus.data.synthetic import StreamedSpec, SyntheticSpec, write_streamed
 from dorylus.errors import ConfigError
 from dorylus.partition import assign_parts, open_store
 from dorylus.partition.streaming import (
-    STREAMING_METHODS, array_chunks, check_streaming_args, cut_stats, stream_assign, write_streamed_store,
+    STREAMING_METHODS, array_chunks, check_streaming_args, cut_stats, load_capacity, stream_assign, vertex_weights,
+    write_streamed_store,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,13 +49,48 @@ def planted(num_parts: int = 4, size: int = 500, p_in: float = 0.04, p_out: floa
 @pytest.mark.parametrize("imbalance", [0.0, 0.05, 0.3])
 def test_every_vertex_once_and_parts_within_capacity(method, imbalance):
     n, src, dst, _ = planted()
+    weight, edges = vertex_weights(n, array_chunks(src, dst, 3000))
+    degree = np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)
+    assert edges == src.size and np.array_equal(weight, degree + round(degree.sum() / n))
     for p in (2, 3, 4, 7):
         parts = stream_assign(n, array_chunks(src, dst, 3000), p, method, imbalance=imbalance)
         assert parts.shape == (n,) and parts.dtype == np.int64
         assert parts.min() == 0 and parts.max() == p - 1
         sizes = np.bincount(parts, minlength=p)
         assert sizes.sum() == n and sizes.min() >= 1
-        assert sizes.max() <= math.ceil((1 + imbalance) * n / p)  # the stated tolerance
+        loads = np.bincount(parts, weights=weight, minlength=p)
+        # the stated tolerance: ceil((1 + eps) W / P) plus the heaviest vertex
+        assert loads.max() <= math.ceil((1 + imbalance) * weight.sum() / p) + weight.max()
+        assert load_capacity(weight, p, imbalance) == math.ceil((1 + imbalance) * weight.sum() / p) + weight.max()
+
+
+def hubs_together(n: int = 3000, hubs: int = 150, seed: int = 0):
+    """A graph whose high-degree vertices form a dense clique-like core (each hub also reaches
+    40 random others), the rest a sparse ring: cut-minimising balance by vertex count puts the
+    core, and so most edges, in one part. Both directions listed."""
+    rng = np.random.default_rng(seed)
+    u, v = np.triu_indices(hubs, 1)
+    keep = rng.random(u.size) < 0.5
+    core = (u[keep], v[keep])
+    spokes = (np.repeat(np.arange(hubs), 40), rng.integers(hubs, n, hubs * 40))
+    ring = (np.arange(hubs, n), np.r_[np.arange(hubs + 1, n), hubs])
+    a = np.concatenate([core[0], spokes[0], ring[0]])
+    b = np.concatenate([core[1], spokes[1], ring[1]])
+    shuffle = rng.permutation(n)
+    a, b = shuffle[a], shuffle[b]
+    return n, np.concatenate([a, b]), np.concatenate([b, a])
+
+
+@pytest.mark.parametrize("method", STREAMING_METHODS)
+def test_parts_balance_edges_as_well_as_vertices(method):
+    """The load is half vertices, half edges: on a graph whose hubs cluster, no part holds much
+    more than its share of in-edges (a graph server's Gather work) or of vertices."""
+    n, src, dst = hubs_together()
+    chunks = array_chunks(src, dst, 4000)
+    for p in (2, 4):
+        stats = cut_stats(n, chunks, stream_assign(n, chunks, p, method, passes=3), p)
+        # load = (vertex share + edge share) / 2 <= (1 + 5%) / P + the heaviest vertex: each share below ~2x
+        assert stats.edge_balance < 1.6 and stats.balance < 1.6, stats
 
 
 @pytest.mark.parametrize("method", STREAMING_METHODS)
@@ -81,7 +117,8 @@ def test_cut_on_a_planted_partition_is_far_below_random(method):
     assert streamed.replication_factor < random.replication_factor
     assert best.edge_cut <= streamed.edge_cut + 0.02  # the planted one is (about) optimal
     whole = array_chunks(src, dst, src.size)  # one chunk: pass 1 sees whole neighbourhoods
-    assert cut_stats(n, whole, stream_assign(n, whole, 4, method, passes=3), 4).edge_cut < 0.25 * random.edge_cut
+    # (seeds 0-3, Fennel: 0.131, 0.130, 0.129, 0.129 after 4 passes; 0.213 after 3 on this one)
+    assert cut_stats(n, whole, stream_assign(n, whole, 4, method, passes=4), 4).edge_cut < 0.25 * random.edge_cut
 
 
 def test_refinement_passes_do_not_worsen_the_cut():
@@ -101,10 +138,10 @@ def test_chunk_size_is_honored_and_read_once_per_pass(tmp_path):
             seen.append(min(1000, src.size - lo))
             yield src[lo : lo + 1000], dst[lo : lo + 1000]
 
-    stream_assign(n, chunks, 4, "ldg", passes=2)
-    assert len(passes) == 2 and max(seen) <= 1000 and sum(seen) == 2 * src.size
+    stream_assign(n, chunks, 4, "ldg", passes=2)  # a first pass counts the degrees (the vertices' weights)
+    assert len(passes) == 3 and max(seen) <= 1000 and sum(seen) == 3 * src.size
     passes.clear()
-    stream_assign(n, chunks, 4, "fennel", passes=2)  # Fennel counts the edges first when not told
+    stream_assign(n, chunks, 4, "fennel", passes=2)
     assert len(passes) == 3
 
 
