@@ -12,11 +12,15 @@ from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import WORKLOADS
 from dorylus.plan.model import MODES, Prediction, graph_bytes
 from dorylus.plan.runtime import measure
-from graphserver.backends import BACKENDS
+from graphserver.backends import BACKENDS, backend_class
 from dorylus.plan.planner import (
-    LocalOptions, ScaleOptions, SpotOptions, local_shape, measured_epoch_s, plan_local, plan_scale, run_options,
-    spot_estimate, to_json,
+    LocalOptions, ScaleOptions, SpotOptions, and_list, local_default_backends, local_shape, measured_epoch_s,
+    plan_local, plan_scale, predicted_backends, run_options, spot_estimate, to_json,
 )
+
+# The table at scale's yardstick ("value vs cpu"): CPU graph servers doing their own tensor work,
+# what the paper compares Lambda and GPUs with.
+BASELINE = "cpu"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "epoch time beside (the median of its epochs after the first, those with the evaluation "
                             "pass or those without as predicted)")
     local.add_argument("--backend", action="append", choices=BACKENDS,
-                       help="backend(s) to predict, repeatable (default: lambda and cpu)")
+                       help=f"backend(s) to predict, repeatable (default: {and_list(local_default_backends())})")
     local.add_argument("--parts", type=int, help="graph servers with --dataset (default 2)")
     local.add_argument("--intervals", type=int, default=2, help="intervals per graph server (default 2)")
     local.add_argument("--functions", type=int, help="concurrent calls per graph server (default: --intervals)")
@@ -72,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="workload(s) to price, repeatable (default: all)")
     defaults = ScaleOptions()
     scale.add_argument("--server", action="append", default=[], metavar="BACKEND=INSTANCE", type=backend_server,
-                       help="graph-server instance of BACKEND's configuration, repeatable (default: the backend's: "
-                            "c5n.2xlarge for lambda and cpu, p3.2xlarge for gpu)")
+                       help=f"graph-server instance of BACKEND's configuration, repeatable (default: the backend's: "
+                            f"{scale_instances()})")
     scale.add_argument("--param-server", default=defaults.param_server,
                        help="parameter-server instance (default %(default)s)")
     spot = parser.add_argument_group(
@@ -96,6 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="spot's saving over on-demand, in [0, 1) (default: the instance family's typical "
                            "saving from the Spot Instance Advisor, in dorylus/plan/catalog.py)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the predictions to FILE as JSON")
+
+
+def scale_instances() -> str:
+    """Each predicted backend's graph-server instance at scale, for ``--server``'s help."""
+    backends: dict[str, list[str]] = {}
+    for name in predicted_backends():
+        backends.setdefault(backend_class(name).scale_instance, []).append(name)
+    return ", ".join(f"{instance} for {and_list(names)}" for instance, names in backends.items())
 
 
 def backend_server(text: str) -> tuple[str, str]:
@@ -157,7 +169,7 @@ def _local(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
         shape = local_shape(args.dataset, args.partitions, args.parts, args.cut_fraction)
         options = LocalOptions(intervals=args.intervals, functions=args.functions, cut_fraction=args.cut_fraction,
                                static_cached=args.static_cached)
-        backends = args.backend or ["lambda", "cpu"]  # the paper's comparison: functions or not, same servers
+        backends = args.backend or local_default_backends()
         source = args.dataset or args.partitions
     overrides = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers if not args.run else None),
                                    ("lambda_memory_mb", args.lambda_memory_mb), ("mode", args.mode),
@@ -202,18 +214,18 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
           f"{options.cut_fraction}, cached static inputs {options.static_cached:g}; {prices.region} on-demand "
           f"prices as of {prices.as_of}", file=out)
     header = ["workload", "backend", "graph servers", "intervals", "GiB/server", "B/entry", "s/epoch", "$/epoch",
-              "value", "value vs cpu", "rates"]
+              "value", f"value vs {BASELINE}", "rates"]
     rows = []
     for p in predictions:
         s = p.setup
-        cpu = next(q for q in predictions if q.shape.vertices == p.shape.vertices and q.setup.backend == "cpu")
+        base = next(q for q in predictions if q.shape.vertices == p.shape.vertices and q.setup.backend == BASELINE)
         servers = f"{s.parts} x {s.graph_server}" if s.graph_servers_per_instance == 1 else \
             f"{s.parts} GPUs on {s.instances} x {s.graph_server}"
-        calls = f"{s.intervals} x {s.lambda_memory_mb} MB" if s.backend == "lambda" else str(s.intervals)
+        calls = f"{s.intervals} x {s.lambda_memory_mb} MB" if s.runs.calls_functions else str(s.intervals)
         workload = next(w for w in WORKLOADS.values() if w.vertices == p.shape.vertices)
         per_entry, _ = graph_bytes(p.shape, s)
         rows.append([workload.name, s.backend, servers, calls, f"{p.memory_gib:.1f}", f"{per_entry:g}", f"{p.epoch_s:.3f}",
-                     f"{p.cost_usd:.3e}", f"{p.value:.4g}", f"{p.value / cpu.value:.2f}x", p.where])
+                     f"{p.cost_usd:.3e}", f"{p.value:.4g}", f"{p.value / base.value:.2f}x", p.where])
     print(format_table(header, rows), file=out)
     print("value = 1 / (s/epoch x $/epoch); graph servers: the fewest that hold the partitions in 80% of their memory "
           "(a GPU's for gpu: B/entry is what the graph structures cost per A_hat entry there, the rest being per "

@@ -57,6 +57,25 @@ from dorylus.plan.model import Prediction, Setup, Shape, best, even_shape, model
 from graphserver.backends import BACKENDS, backend_class
 
 MAX_PARTS = 4096
+def predicted_backends() -> list[str]:
+    """The backends the planner predicts: every registered backend with graph servers, in the
+    registry's order."""
+    return [name for name in BACKENDS if backend_class(name).graph_servers]
+
+
+def local_default_backends() -> list[str]:
+    """What a local prediction predicts when no ``--backend`` is named: the predicted backends
+    whose tensor work runs on CPU cores, as every calibration has this machine's CPU rates (a
+    GPU's only when it was taken on one). The paper's comparison: functions or not, on the same
+    graph servers."""
+    return [name for name in predicted_backends() if backend_class(name).device == "cpu"]
+
+
+def and_list(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(words[:-1]), *words[-1:])))
+
+
 LAMBDA_MEMORY_MB = (512, 1024, 1769, 3008)  # function sizes the planner tries: a third of a vCPU to 1.7 vCPUs
 LAMBDA_RUNTIME_MB = 100  # the Python runtime, numpy and pyzmq inside a function
 
@@ -117,7 +136,7 @@ def plan_workload(workload: Workload, calibration: Calibration, options: ScaleOp
     common = dict(hidden=o.hidden, layers=o.layers, param_server=o.param_server, mode=o.mode, evaluate=o.evaluate,
                   static_cached=o.static_cached)
     predictions = []
-    for backend in (name for name in BACKENDS if backend_class(name).graph_servers):
+    for backend in predicted_backends():
         runs, server_type = backend_class(backend), o.server(backend)
         on_gpu = runs.device == "gpu"
         machine = instance(server_type, gpu=on_gpu)
@@ -163,7 +182,7 @@ def plan_scale(calibration: Calibration, options: ScaleOptions = ScaleOptions(),
 class LocalOptions:
     """A local run's options, with ``dorylus train``'s defaults."""
 
-    backend: str = "lambda"
+    backend: str = TrainConfig.backend
     parts: int | None = None
     intervals: int = 2
     functions: int | None = None  # default: intervals (the autotuner starts at min(intervals, 4))
@@ -246,10 +265,9 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
 
     run = load_run(run_dir)
     c = run.config
-    predicted = [name for name in BACKENDS if backend_class(name).graph_servers]
-    if c.get("backend") not in predicted:
+    if c.get("backend") not in predicted_backends():
         raise ConfigError(f"plan: {run_dir} ran backend {c.get('backend')!r}; the planner predicts "
-                          f"{', '.join(predicted[:-1])} and {predicted[-1]} runs")
+                          f"{and_list(predicted_backends())} runs")
     if c.get("model", "gcn") not in MODELS:
         raise ConfigError(f"plan: {run_dir} trained {c.get('model')!r}; the planner models "
                           f"{', '.join(MODELS)}")

@@ -117,3 +117,23 @@ def test_bad_options_are_one_error_line(calibration_file, tmp_path, capsys, argv
     err = capsys.readouterr().err
     assert err.startswith("dorylus plan: error: ") and err.count("\n") == 1
     assert re.search(message, err), err
+
+
+def test_a_registered_backend_is_planned_from_the_registry(calibration_file, monkeypatch, capsys):
+    """A fourth backend with graph servers on CPU cores, registered and nothing else: its row in
+    the table at scale on its own instance, a local prediction by default, and the help text."""
+    from graphserver.backends import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "fourth", "tests.plan.fourth_backend")
+    assert main(["plan", "--calibration", str(calibration_file)]) == 0
+    rows = _rows(capsys.readouterr().out, "workload")
+    assert [(r[0], r[1]) for r in rows] == [(w, b) for w in ("reddit", "amazon", "friendster")
+                                            for b in ("lambda", "cpu", "gpu", "fourth")]
+    assert all(r[4] == "c5n.4xlarge" for r in rows if r[1] == "fourth")
+    assert main(["plan", "--calibration", str(calibration_file), "--dataset", "synthetic-1m"]) == 0
+    assert [r[0] for r in _rows(capsys.readouterr().out, "backend")] == ["lambda", "cpu", "fourth"]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: lambda, cpu and fourth)" in help_text
+    assert "c5n.2xlarge for lambda and cpu, p3.2xlarge for gpu, c5n.4xlarge for fourth" in help_text
