@@ -3,7 +3,10 @@
 Every role that applies dropout (the reference trainer, the cpu backend, the Lambda function)
 derives the same mask from the same key, so results do not depend on partitioning or intervals.
 Numpy only: the Lambda function imports this without torch. A counter-based hash is also much
-faster here than torch's Bernoulli sampler.
+faster here than torch's Bernoulli sampler. The same hash runs fused with the dropout itself in
+``dorylus/models/_dropout_numba.py`` (graph servers, the reference) and in int64 torch kernels
+in :mod:`dorylus.models.torch_ops` (the gpu backend): a change here is a change there, and
+tests hold them bit-equal. :func:`dorylus.models.ops.dropout` applies a mask.
 """
 
 from __future__ import annotations
@@ -81,14 +84,6 @@ def keep_at(seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, columns: 
 def _threshold(p: float) -> np.uint16:
     """A 16-bit uniform at or above this is kept: probability ``1 - p`` to within 1/65536."""
     return np.uint16(min(int(round(p * 65536)), 65535))
-
-
-def dropout(x: np.ndarray, seed: int, epoch: int, layer: int, vertex_ids: np.ndarray, p: float) -> np.ndarray:
-    """Inverted dropout of ``x [len(vertex_ids), F]``: kept elements scaled by ``1 / (1 - p)``."""
-    if p == 0.0:
-        return x
-    keep = keep_mask(seed, epoch, layer, vertex_ids, x.shape[1], p)
-    return np.where(keep, x * np.float32(1.0 / (1.0 - p)), np.float32(0.0)).astype(x.dtype, copy=False)
 
 
 # Edge masks draw from their own streams, never correlated with a vertex mask of the same key.

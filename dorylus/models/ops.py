@@ -29,6 +29,29 @@ SPLITS = {"train": TRAIN, "val": VAL, "test": TEST}
 
 ACTIVATIONS = (None, "relu", "elu")
 
+# The keyed dropout runs fused in one pass on numba (dorylus/models/_dropout_numba.py) where
+# numba is importable, and on numpy in the Lambda bundle (no numba): both give the same bits.
+# numpy's passes cost about 6 ns an element (1M: 6 ms); numba's first call in a process costs
+# 25 ms where its compiler is already started (roles forked from the zygote), 1-2 s where not,
+# so calls on fewer elements (rows x width) than this stay on numpy.
+FUSED_MIN_ELEMENTS = 1 << 20
+_fused_module: Any = None
+
+
+def _fused(elements: int) -> Any:
+    """The fused kernel's module for a dropout of ``elements``, or None: run it on numpy."""
+    global _fused_module
+    if elements < FUSED_MIN_ELEMENTS:
+        return None
+    if _fused_module is None:
+        try:  # optional: the Lambda bundle neither ships nor imports it
+            from dorylus.models import _dropout_numba
+        except ImportError:
+            _fused_module = False
+        else:
+            _fused_module = _dropout_numba
+    return _fused_module or None
+
 
 def encode_split(train_mask: np.ndarray, val_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
     """``uint8 [N]`` split codes from three ``bool [N]`` masks: ``TRAIN*train | VAL*val | TEST*test``."""
@@ -53,14 +76,24 @@ def prepare(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
         # The dense mask read at the stored positions: the same draws, so the same H where X != 0.
         keep = keep_at(*key, np.asarray(ids)[h.entry_rows()], h.indices, h.shape[1], p)
         return h.with_data(np.where(keep, h.data * np.float32(1.0 / (1.0 - p)), np.float32(0.0)))
+    return _prepared(h, ids, key, p, activation, training, _fused(h.size) if training and p > 0.0 else None)
+
+
+def _prepared(h: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, activation: str | None,
+              training: bool, fused: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`prepare` of dense float32 ``h`` whose ids are checked, on the ``fused`` kernel's
+    module (into ``out``, C-contiguous float32 of ``h``'s shape, where given) or on numpy (None)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
+    if fused is not None and activation != "elu":
+        mode = fused.RELU_OF_X if activation == "relu" else fused.PLAIN
+        return fused.dropped(h, ids, key, p, mode, out=out)
     if activation == "relu":
         h = np.maximum(h, np.float32(0.0))
     elif activation == "elu":
         h = np.where(h > 0, h, np.expm1(np.minimum(h, np.float32(0.0))))
-    elif activation is not None:
-        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
     if training and p > 0.0:
-        h = _dropped(h, keep_mask(*key, ids, h.shape[1], p), p)
+        h = _dropout(h, ids, key, p, fused)
     return h
 
 
@@ -81,9 +114,13 @@ def project(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: floa
         raise ValueError(f"ids has shape {np.shape(ids)}, expected ({n},) (one id per row)")
     w = as_float32(w, "w")
     out = np.empty((n, w.shape[1]), dtype=np.float32)
+    fused = _fused(src.size) if training and p > 0.0 else None
+    block = None if fused is None else np.empty((PROJECT_BLOCK_ROWS, src.shape[1]), dtype=np.float32)
     for lo in range(0, n, PROJECT_BLOCK_ROWS):
-        hi = lo + PROJECT_BLOCK_ROWS
-        out[lo:hi] = matmul(prepare(src[lo:hi], ids[lo:hi], key, p, activation, training), w)
+        hi = min(lo + PROJECT_BLOCK_ROWS, n)
+        h = _prepared(as_float32(src[lo:hi], "src"), ids[lo:hi], key, p, activation, training, fused,
+                      None if block is None else block[:hi - lo])
+        out[lo:hi] = matmul(h, w)
     return out
 
 
@@ -99,18 +136,30 @@ def project_grad(src: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p:
     if np.shape(ids) != (n,):
         raise ValueError(f"ids has shape {np.shape(ids)}, expected ({n},) (one id per row)")
     total = np.zeros((src.shape[1], grad.shape[1]), dtype=np.float64)
+    fused = _fused(src.size) if p > 0.0 else None
+    block = None if fused is None else np.empty((PROJECT_BLOCK_ROWS, src.shape[1]), dtype=np.float32)
     for lo in range(0, n, PROJECT_BLOCK_ROWS):
-        hi = lo + PROJECT_BLOCK_ROWS
-        total += prepare(src[lo:hi], ids[lo:hi], key, p, activation, True).T @ grad[lo:hi]
+        hi = min(lo + PROJECT_BLOCK_ROWS, n)
+        h = _prepared(as_float32(src[lo:hi], "src"), ids[lo:hi], key, p, activation, True, fused,
+                      None if block is None else block[:hi - lo])
+        total += h.T @ grad[lo:hi]
     return total.astype(np.float32)
 
 
-def _dropped(x: np.ndarray, keep: np.ndarray, p: float) -> np.ndarray:
-    """``x * keep / (1 - p)`` as a new float32 array, computed as the reference does
-    (``(x * keep) * scale``): the same values as ``where(keep, x * scale, 0)`` but a bool
-    multiply instead of ``np.where``, which was 15x slower here on 128-wide dense rows (11 of
-    a layer-0 call's 19 ms on 12,500 rows)."""
-    out = np.multiply(x, keep, dtype=np.float32)
+def dropout(x: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float) -> np.ndarray:
+    """Inverted dropout of float32 ``x [len(ids), width]`` by ``keep_mask(*key, ids, width, p)``,
+    ``p`` in ``(0, 1)``, as a new float32 array: ``x * scale`` where kept and ``x * 0`` where
+    dropped (``-0.0`` for negative ``x``, NaN for NaN), ``scale = float32(1 / (1 - p))``. The
+    fused kernel and numpy give the same bits."""
+    return _dropout(x, ids, key, p, _fused(x.size))
+
+
+def _dropout(x: np.ndarray, ids: np.ndarray, key: tuple[int, int, int], p: float, fused: Any) -> np.ndarray:
+    if fused is not None:
+        return fused.dropped(x, ids, key, p)
+    # (x * keep) * scale: a bool multiply, not np.where, which was 15x slower here on 128-wide
+    # dense rows (11 of a layer-0 call's 19 ms on 12,500 rows)
+    out = np.multiply(x, keep_mask(*key, ids, x.shape[1], p), dtype=np.float32)
     out *= np.float32(1.0 / (1.0 - p))
     return out
 
@@ -126,14 +175,17 @@ def prepare_backward(grad_h: np.ndarray, src: np.ndarray, ids: np.ndarray, key: 
         raise ValueError(f"ids has shape {np.shape(ids)}, expected ({src.shape[0]},) (one id per row)")
     if isinstance(src, SparseRows):
         _dense_only(activation)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
+    fused = _fused(grad.size) if p > 0.0 else None
+    if fused is not None and activation == "relu":
+        return fused.dropped(grad, ids, key, p, fused.GATED_BY_SRC, gate=src)
     if p > 0.0:
-        grad = _dropped(grad, keep_mask(*key, ids, grad.shape[1], p), p)
+        grad = _dropout(grad, ids, key, p, fused)
     if activation == "relu":
         grad = np.where(src > 0, grad, np.float32(0.0))
     elif activation == "elu":
         grad = np.where(src > 0, grad, grad * np.exp(np.minimum(src, np.float32(0.0))))
-    elif activation is not None:
-        raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
     return grad
 
 

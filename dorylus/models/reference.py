@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dorylus.masks import keep_at, keep_mask
-from dorylus.models import get_model
+from dorylus.masks import keep_at
+from dorylus.models import get_model, ops
 from dorylus.models.graph import CsrGraph
 from dorylus.models.sparse import SparseRows
 from dorylus.models.spec import ModelSpec
@@ -149,12 +149,25 @@ class ReferenceModel(torch.nn.Module):
             if training and layer.dropout > 0 and isinstance(h, SparseInput):
                 h = h.dropout(self.seed, epoch, layer.index, layer.dropout)
             elif training and layer.dropout > 0:
-                keep = keep_mask(self.seed, epoch, layer.index, vertex_ids, h.shape[1], layer.dropout)
-                h = h * torch.from_numpy(keep) * (1.0 / (1.0 - layer.dropout))
+                h = _Dropout.apply(h, vertex_ids, (self.seed, epoch, layer.index), layer.dropout)
             h = self.model.reference_layer(layer, graph, h, dict(params), (self.seed, epoch, layer.index), training)
             if layer.activation is not None:
                 h = _ACTIVATIONS[layer.activation](h)
         return h
+
+
+class _Dropout(torch.autograd.Function):
+    """``H = X * M / (1 - p)``; backward ``dX = dH * M / (1 - p)``: :func:`dorylus.models.ops.dropout`
+    both ways (the graph servers' keyed dropout; the mask is hashed again, not held)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, ids: np.ndarray, key: tuple[int, int, int], p: float) -> torch.Tensor:
+        ctx.args = (ids, key, p)
+        return torch.from_numpy(ops.dropout(x.detach().numpy(), ids, key, p))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return torch.from_numpy(ops.dropout(grad.detach().numpy(), *ctx.args)), None, None, None
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor, train_mask: torch.Tensor) -> torch.Tensor:
