@@ -142,11 +142,9 @@ class RemoteCluster(Cluster):
             self._check_config(role, socket)
         for role, socket in zip(self.roles, sockets):
             self.watchdog.watch(role, role.endpoint, "paramserver" if socket is self.ps else "graphserver")
-        target: dict[str, Any] = {}
-        if self.config.backend == "lambda":
-            f = self.spec.function
-            target = {"function_name": f.name, "region": self.spec.region,
-                      **({"lambda_endpoint": f.endpoint_url} if f.endpoint_url else {})}
+        from graphserver.backends import backend_class
+
+        target = backend_class(self.config.backend).cluster_target(self.spec)
         self.touched = True
         self._connect_graph_servers([s.endpoint for s in self.spec.graph_servers], **target)
         self.started = True
