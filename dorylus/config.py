@@ -137,7 +137,7 @@ class _Config:
     parts: int | None = _opt(None, "number of graph servers (partitions): 2 when partitioning at start, the "
                              "store's count with --partitions (giving another count is an error)")
     partition_method: str = _opt("auto", "partitioner used at start: 'auto' = METIS where its memory estimate fits "
-                                 "60 percent of available memory, else the streaming Fennel (as dorylus partition "
+                                 "25 percent of available memory, else the streaming Fennel (as dorylus partition "
                                  "--method auto); ldg and fennel stream the edges and write the store part by part",
                                  PARTITION_METHODS)
     intervals: int = _opt(2, "intervals per graph server: one function call per interval and stage (more "
