@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+from dorylus.function import FUNCTION_HANDLER
 from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 from graphserver.backends import BACKENDS, backend_class
@@ -157,7 +158,7 @@ class _Config:
                                "the graph server runs the task itself on its own rows, as "
                                "the cpu backend does (counted as fallback_calls); only a task that fails "
                                f"there too stops the run. 1 to {MAX_FALLBACK_AFTER}")
-    function_handler: str = _opt("lambdas.handler:handler", "the function the local Lambda emulator runs (module:callable)")
+    function_handler: str = _opt(FUNCTION_HANDLER, "the function the local Lambda emulator runs (module:callable)")
     lambda_memory_mb: int = _opt(1024, "function memory size in MB, 128-10240 as Lambda allows (billing, and the "
                                  "emulator's setting)")
     lambda_start_latency_ms: float = _opt(0.0, "emulator: invoke latency added to each function call (not billed)")

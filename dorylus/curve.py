@@ -31,9 +31,9 @@ Standard library and pyzmq only: the Lambda bundle imports this module.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,14 +290,15 @@ def check_allowed(server: str, sender: str | None, op: str, command: str | None 
 
 def authorize(server: str, who: str, keyed: bool, identity: bytes, header, frame: zmq.Frame) -> None:
     """Raise ProtocolError ``forbidden`` if the sender of ``frame`` (its CURVE key's role; any
-    sender when the server is not ``keyed``) may not send ``header`` to a ``server``; print every
-    SHUTDOWN with its sender to stderr, ``who`` naming this server."""
+    sender when the server is not ``keyed``) may not send ``header`` to a ``server``; log every
+    SHUTDOWN with its sender (a refused one as a warning), ``who`` naming this server."""
     from dorylus.protocol import Op, ProtocolError
 
     role = sender_role(frame) if keyed else None
     why = check_allowed(server, role, header.op.value, header.meta.get("command"))
     if header.op is Op.SHUTDOWN:
-        print(f"{who}: SHUTDOWN from {role or 'a client without CURVE'} (identity {identity.hex()}, address "
-              f"{peer_address(frame)}): {'refused, ' + why if why else 'stopping'}", file=sys.stderr, flush=True)
+        logging.getLogger(__name__).log(
+            logging.WARNING if why else logging.INFO, "%s: SHUTDOWN from %s (identity %s, address %s): %s", who,
+            role or "a client without CURVE", identity.hex(), peer_address(frame), "refused, " + why if why else "stopping")
     if why is not None:
         raise ProtocolError("forbidden", why, req=header.req)

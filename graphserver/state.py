@@ -11,7 +11,7 @@ The state also runs what reads and writes its rows in the graph server: the mode
 stages (``GATHER``, ``GATHER_BACKWARD``), its ``VERTEX`` stages and, for the in-process backends,
 its ``FUNCTION`` stages (:meth:`compute`), and it moves rows in and out for the ghost exchange,
 which always carries numpy rows. Here every row is a numpy array on the host; the ``gpu``
-backend's :class:`graphserver.backends.gpu.DeviceState` keeps them on a torch device and runs
+backend's :class:`graphserver.backends.gpu_device.DeviceState` keeps them on a torch device and runs
 the same stages with the models' torch twins, behind the same methods.
 """
 

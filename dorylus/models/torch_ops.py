@@ -11,7 +11,7 @@ backend drops the same elements). Results equal the numpy functions' within floa
 
 Nothing here waits for the device: the loss and the accuracy counts come back as 0-d tensors on
 it (``Result.meta``), which the gpu backend copies to the host once per stage, together with the
-gradients (:meth:`graphserver.backends.gpu.DeviceState.compute`). A :class:`MaskCache` (what
+gradients (:meth:`graphserver.backends.gpu_device.DeviceState.compute`). A :class:`MaskCache` (what
 :class:`Ops` binds) computes each dropout mask once per (epoch, layer, rows) and gives it to the
 backward pass instead of hashing again.
 

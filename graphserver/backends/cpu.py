@@ -1,7 +1,7 @@
 """The ``cpu`` backend: the model's ``compute`` runs in the graph server process, on its own
 rows, with no invoke and no tensor hop; weights still come from (and gradients go to) the
 parameter server, so versions and stashing behave as with functions. The ``gpu`` backend makes
-the same calls on a state whose rows live on a torch device (:mod:`graphserver.backends.gpu`):
+the same calls on a state whose rows live on a torch device (:mod:`graphserver.backends.gpu_device`):
 ``state.compute`` decides which twin of the model's functions runs."""
 
 from __future__ import annotations

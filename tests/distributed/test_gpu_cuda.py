@@ -1,7 +1,7 @@
 """The gpu backend on a CUDA device (skipped without CUDA; the torch-CPU-device cases are in
 test_sync_exactness.py): sync equals the single-process reference per epoch with TF32 off, and
 four graph servers share one device, each within its memory budget (by default 1/4 of the device
-less a CUDA context, graphserver.backends.gpu.memory_fraction)."""
+less a CUDA context, graphserver.backends.gpu_device.memory_fraction)."""
 
 from __future__ import annotations
 
