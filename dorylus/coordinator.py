@@ -49,7 +49,6 @@ from dorylus.models.spec import ModelSpec
 from dorylus.partition import PartitionStore
 from dorylus.protocol import Header, Op
 
-FUNCTION_NAME = "dorylus-gcn"
 STARTUP_TIMEOUT_S = 120.0
 # --preempt: a preempted server is killed as soon as the coordinator has checkpointed on its
 # notice, so that the kill always follows the checkpoint and falls inside even a short run; if
@@ -199,18 +198,6 @@ class Watchdog:
         self.roles = []
 
 
-def emulator_physics(config: TrainConfig):
-    """The emulator's :class:`~dorylus.emulator.physics.Physics` from the config's ``lambda_*``
-    options, or the measured AWS figures with ``aws_like``."""
-    from dorylus.emulator.physics import AWS_LIKE, Physics
-
-    if config.aws_like:
-        return AWS_LIKE
-    return Physics(start_latency_ms=config.lambda_start_latency_ms, cold_start_ms=config.lambda_cold_start_ms,
-                   keep_warm_s=config.lambda_keep_warm_s, bandwidth_mbps=config.lambda_bandwidth_mbps,
-                   cpu_share=config.lambda_cpu_share)
-
-
 class Cluster:
     """The roles of one run as the training loop sees them (:class:`DistributedTrainer`): a
     socket to the parameter server and one per graph server (CURVE clients with the
@@ -357,7 +344,8 @@ class LocalCluster(Cluster):
         super().__init__(config, store, run_dir, keys)
         self.config_file = config_file
         self.children: list[_Child] = []
-        self.emulator = None
+        self._services = contextlib.ExitStack()  # what the backend starts beside the roles (lambda: the emulator)
+        self.services = None
         self.socket_dir: Path | None = None
         # --preempt: the (part, epoch) notices not yet posted, each preempted part's metadata
         # service, and the kills that are due (monotonic time, part).
@@ -400,25 +388,10 @@ class LocalCluster(Cluster):
         self.ps = self._dealer(self.ps_endpoint, "paramserver")
         self.watchdog.watch(self.children[-1], self.ps_endpoint, "paramserver")
 
-        lambda_args: list[str] = []
-        if self.config.backend == "lambda":
-            from dorylus.emulator import serve
+        from graphserver.backends import backend_class
 
-            from dorylus.emulator.faults import FaultPlan
-
-            c = self.config
-            per_server = c.functions or c.intervals
-            environment = curve.function_environment(self.keys_dir) if self.keys_dir is not None else None
-            # headroom over the calls a graph server runs at once: relaunched attempts run beside stragglers
-            self.emulator = serve(functions={FUNCTION_NAME: c.function_handler},
-                                  concurrency=self.store.num_parts * (per_server + 1),
-                                  memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s,
-                                  physics=emulator_physics(c),
-                                  faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
-                                                   hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
-                                                   straggle_factor=c.fault_straggle_factor, seed=c.fault_seed),
-                                  environment=environment)
-            lambda_args = ["--lambda-endpoint", self.emulator.url, "--function-name", FUNCTION_NAME]
+        self.services = self._services.enter_context(backend_class(self.config.backend).local_services(
+            self.config, self.store.num_parts, self.keys_dir))
 
         ready_files = []
         threads = max(1, len(os.sched_getaffinity(0)) // self.store.num_parts)
@@ -432,7 +405,7 @@ class LocalCluster(Cluster):
             self._spawn(f"graph server {i}", logs / f"graphserver-{i}.log", "graphserver.server", [
                 "--store", str(self.store.path), "--part", str(i),
                 "--config", str(self.config_file), "--param-server", self.ps_endpoint, "--ready-file", str(ready),
-                "--bind", f"ipc://{self.socket_dir}/graphserver-{i}", "--threads", str(threads), *lambda_args,
+                "--bind", f"ipc://{self.socket_dir}/graphserver-{i}", "--threads", str(threads), *self.services.graph_server_args,
                 *keys_args, *watch_args], ready)
         endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
         self.servers = [self._dealer(e, "graphserver") for e in endpoints]
@@ -490,9 +463,8 @@ class LocalCluster(Cluster):
                 child.process.wait(timeout=5.0)
         self.children = []
         self._close_sockets()
-        if self.emulator is not None:
-            self.emulator.close()
-            self.emulator = None
+        self._services.close()
+        self.services = None
         if not self.ctx.closed:
             self.ctx.term()
         if self.keys_dir is not None:
@@ -561,7 +533,7 @@ class LocalCluster(Cluster):
             raise
 
     def emulator_stats(self) -> dict[str, Any]:
-        return self.emulator.stats() if self.emulator is not None else {}
+        return self.services.stats() if self.services is not None else {}
 
 
 class DistributedTrainer:
