@@ -254,6 +254,18 @@ def start_time_environment(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 _shared: dict[tuple[tuple[str, str], ...], Zygote] = {}
 _shared_lock = threading.Lock()
+_shared_pid = os.getpid()
+
+
+def _forget_inherited() -> None:
+    """In a process forked from the one that started the zygotes: drop this copy of their control
+    sockets, which the zygotes' owner still uses; this process starts its own."""
+    global _shared_pid
+    if _shared_pid != os.getpid():
+        for zygote in _shared.values():
+            zygote._socket.close()
+        _shared.clear()
+        _shared_pid = os.getpid()
 
 
 def shared(env: dict[str, str]) -> Zygote:
@@ -262,6 +274,7 @@ def shared(env: dict[str, str]) -> Zygote:
     role any more is stopped (an idle one holds ~300 MB)."""
     key = start_time_environment(env)
     with _shared_lock:
+        _forget_inherited()
         zygote = _shared.get(key)
         if zygote is not None and zygote.lost:
             zygote.close()
@@ -280,6 +293,7 @@ def shared(env: dict[str, str]) -> Zygote:
 def stop_shared() -> None:
     """Stop every zygote this process started (registered with :mod:`atexit`)."""
     with _shared_lock:
+        _forget_inherited()
         for zygote in _shared.values():
             zygote.close()
         _shared.clear()
