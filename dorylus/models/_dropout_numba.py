@@ -1,8 +1,9 @@
 """The keyed dropout of :mod:`dorylus.models.ops` in one pass, compiled by numba.
 
 numpy builds the mask of :func:`dorylus.masks.keep_mask` in about ten passes over uint64
-temporaries (8 bytes per 4 columns each) and applies it in two more; here each row's hashes
-live in registers and every element is read and written once. The hash, its 16-bit lanes and
+temporaries (8 bytes per 4 columns each) and applies it in two more; here a row's hashes become
+the row's factors (``scale`` or 0) in a buffer that stays in L1, and every element is read and
+written once. The hash, its 16-bit lanes and
 the threshold are :func:`~dorylus.masks.keep_mask`'s, so the mask is the same bit for bit, and
 a kept element is ``x * scale`` and a dropped one ``x * 0`` (``-0.0`` for negative ``x``), as
 numpy's ``(x * keep) * scale``: the values are the same bit for bit too.

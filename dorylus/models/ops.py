@@ -33,15 +33,15 @@ ACTIVATIONS = (None, "relu", "elu")
 # numba is importable, and on numpy in the Lambda bundle (no numba): both give the same bits.
 # numpy's passes cost about 6 ns an element (1M: 6 ms); numba's first call in a process costs
 # 25 ms where its compiler is already started (roles forked from the zygote), 1-2 s where not,
-# so calls on fewer elements (rows x width) than this stay on numpy.
+# so until a call on this many elements (rows x width) has loaded the kernel, calls stay on numpy.
 FUSED_MIN_ELEMENTS = 1 << 20
-_fused_module: Any = None
+_fused_module: Any = None  # None: not tried yet; False: numba is missing
 
 
 def _fused(elements: int) -> Any:
     """The fused kernel's module for a dropout of ``elements``, or None: run it on numpy."""
     global _fused_module
-    if elements < FUSED_MIN_ELEMENTS:
+    if _fused_module is None and elements < FUSED_MIN_ELEMENTS:
         return None
     if _fused_module is None:
         try:  # optional: the Lambda bundle neither ships nor imports it

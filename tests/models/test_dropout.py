@@ -45,10 +45,15 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
 
 
+def _run_on(monkeypatch, path: str) -> None:
+    """ops runs its dropout on ``path`` whatever the size of a call (False: as if numba were missing)."""
+    monkeypatch.setattr(ops, "FUSED_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(ops, "_fused_module", None if path == "numba" else False)
+
+
 @pytest.fixture(params=["numba", "numpy"])
 def kernel(request, monkeypatch):
-    """ops runs its dropout on this path whatever the size of a call."""
-    monkeypatch.setattr(ops, "FUSED_MIN_ELEMENTS", 0 if request.param == "numba" else 1 << 62)
+    _run_on(monkeypatch, request.param)
     return request.param
 
 
@@ -81,8 +86,8 @@ def test_elementwise_ops_equal_on_both_paths_bit_for_bit(monkeypatch, activation
     rows, width, key, p = 300, 17, (3, 4, 1), 0.4
     ids, src, grad_h = _ids(rng, rows), _awkward(rng, rows, width), _awkward(rng, rows, width)
     results = {}
-    for path, least in (("numba", 0), ("numpy", 1 << 62)):
-        monkeypatch.setattr(ops, "FUSED_MIN_ELEMENTS", least)
+    for path in ("numba", "numpy"):
+        _run_on(monkeypatch, path)
         with np.errstate(invalid="ignore", over="ignore"):
             results[path] = [ops.prepare(src, ids, key, p, activation, True),
                              ops.prepare_backward(grad_h, src, ids, key, p, activation),
@@ -150,6 +155,15 @@ def test_reference_dropout_gradient_is_autograds(kernel):
     want.backward(g)
     np.testing.assert_array_equal(out.detach().numpy(), want.detach().numpy())
     np.testing.assert_array_equal(mine.grad.numpy(), theirs.grad.numpy())
+
+
+def test_small_calls_stay_on_numpy_until_a_large_one_has_loaded_the_kernel(monkeypatch):
+    monkeypatch.setattr(ops, "_fused_module", None)
+    assert ops._fused(ops.FUSED_MIN_ELEMENTS - 1) is None and ops._fused_module is None
+    assert ops._fused(ops.FUSED_MIN_ELEMENTS) is _dropout_numba
+    assert ops._fused(1) is _dropout_numba  # loaded: the start-up is paid
+    monkeypatch.setattr(ops, "_fused_module", False)
+    assert ops._fused(ops.FUSED_MIN_ELEMENTS) is None
 
 
 def test_the_kernel_refuses_what_it_cannot_do():
