@@ -7,14 +7,17 @@
      "function": {"name": "NAME", "endpoint_url": "http://127.0.0.1:9001"},   # endpoint_url: optional
      "param_servers": [{"index": 0, "host": "10.42.1.8", "port": 5600}],
      "graph_servers": [{"part": 0, "host": "10.42.1.64", "port": 5500}, ...],
-     "keys": "DIR"}                                                          # optional
+     "keys": "DIR",                                                         # optional
+     "recovery_wait_s": 900}                                                # optional
 
 Terraform's output also carries ``name``, ``bucket``, ``ssm_prefix`` and ``curve`` (the roles
 whose keys it stored in SSM), and the function's ``arn``, ``python``, ``architecture``,
 ``memory_mb`` and ``timeout_s``; they are read and checked too. ``function.endpoint_url`` sends
 the invokes to another Lambda API (the local emulator: tests, a cluster on one machine);
 ``keys`` names the CURVE keys directory of the coordinator (relative to the file), and a
-relative local ``store`` is relative to the file as well.
+relative local ``store`` is relative to the file as well. ``recovery_wait_s`` (1 to 3600,
+default :data:`DEFAULT_RECOVERY_WAIT_S`) bounds how long a run waits for its roles to answer
+again at their addresses after one died (:meth:`dorylus.remote.RemoteCluster.restart`).
 
 Everything is checked before anything runs: a bad file is one ConfigError naming the file and
 the key, and nothing is written.
@@ -31,8 +34,12 @@ from typing import Any
 from dorylus.errors import ConfigError
 
 FORMAT = "dorylus-cluster/1"
+# A spot graph server's replacement is a new instance at the same address: it boots and installs
+# the project first, as at the cluster's first boot (docs/aws.md waits up to 900 s for that).
+DEFAULT_RECOVERY_WAIT_S = 900
+MAX_RECOVERY_WAIT_S = 3600
 _TOP = {"format", "name", "region", "store", "bucket", "ssm_prefix", "function", "param_servers", "graph_servers",
-        "curve", "keys"}
+        "curve", "keys", "recovery_wait_s"}
 _FUNCTION = {"name", "arn", "python", "architecture", "memory_mb", "timeout_s", "endpoint_url"}
 _HOST = re.compile(r"[A-Za-z0-9._:-]{1,253}")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
@@ -67,6 +74,7 @@ class ClusterSpec:
     ssm_prefix: str | None = None
     curve_roles: tuple[str, ...] = ()
     keys: Path | None = None
+    recovery_wait_s: int = DEFAULT_RECOVERY_WAIT_S
 
 
 class _Reader:
@@ -170,6 +178,8 @@ def load_cluster_file(path: str | Path) -> ClusterSpec:
     keys = r.str(d, "keys", "", required=False)
     for key in ("name", "bucket"):
         r.str(d, key, "", required=False)
+    recovery_wait_s = r.int(d, "recovery_wait_s", "", 1, MAX_RECOVERY_WAIT_S, required=False)
     return ClusterSpec(path=path, region=region, store=store, function=function, param_server=param_server,
                        graph_servers=tuple(by_part[i] for i in range(len(by_part))), ssm_prefix=ssm_prefix,
-                       curve_roles=roles, keys=(path.parent / keys) if keys else None)
+                       curve_roles=roles, keys=(path.parent / keys) if keys else None,
+                       recovery_wait_s=DEFAULT_RECOVERY_WAIT_S if recovery_wait_s is None else recovery_wait_s)

@@ -15,6 +15,14 @@ them the function to invoke (name, region, and the endpoint override of the file
 A run leaves its servers with its state (weights, buffers, the epochs it trained), so at the
 end the coordinator stops them (SHUTDOWN, which only its key may send): their service manager
 starts them afresh for the next run, as the Terraform module's systemd units do.
+
+A role that dies mid-run (its connection closes, or it answers no heartbeat for
+``--watchdog-min-s``) raises :class:`~dorylus.coordinator.RoleDied`, and the training loop
+recovers as in local mode (:meth:`RemoteCluster.restart`): the coordinator greets every address
+again for up to the cluster file's ``recovery_wait_s``, stopping the roles that survived (they
+hold this run's state) so that their service manager starts them afresh, and waiting for the
+dead role's replacement (systemd, or a spot graph server's Auto Scaling group, which starts it at
+the same address); then it restores the last finished epoch's state.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from dorylus import curve, protocol
 from dorylus.clusterfile import ClusterSpec
 from dorylus.config import TrainConfig, server_view
-from dorylus.coordinator import Cluster, ClusterError
+from dorylus.coordinator import Cluster, ClusterError, RoleDied, Watchdog
 from dorylus.errors import ConfigError
 from dorylus.partition import PartitionStore, StoreMeta
 from dorylus.protocol import Header, Op
@@ -116,27 +125,53 @@ def differing_fields(ours: TrainConfig, theirs: dict[str, Any]) -> list[str]:
             if theirs.get(name, "<unset>") != value]
 
 
+class HeartbeatWatchdog(Watchdog):
+    """Cluster mode's watchdog: a role that answers no heartbeat within the bound is taken as gone
+    (its host may have vanished without closing its connections: a spot instance taken back), so
+    the training loop may recover (:class:`~dorylus.coordinator.RoleDied`). If it was only stalled,
+    the recovery's greeting stops it once it answers, and its service manager starts it afresh."""
+
+    def check_heartbeats(self, doing: str, bound_s: float | None = None) -> None:
+        try:
+            super().check_heartbeats(doing, bound_s)
+        except ClusterError as exc:
+            now, bound = time.monotonic(), self.min_s if bound_s is None else bound_s
+            silent = next(child.name for child, _ in self.roles
+                          if (since := self.unanswered_since[child.name]) is not None and now - since > bound)
+            raise RoleDied(str(exc), silent) from None
+
+
 class RemoteCluster(Cluster):
     """The running servers of ``spec`` (see the module docstring); use as a context manager."""
 
     def __init__(self, config: TrainConfig, spec: ClusterSpec, store: RemoteStore, keys: curve.Keyring,
                  wait_s: float = DEFAULT_WAIT_S):
         super().__init__(config, store, None, keys)
+        self.watchdog = self._new_watchdog()
         self.spec = spec
         self.wait_s = wait_s
         self.roles = [RemoteRole("parameter server", spec.param_server.endpoint),
                       *(RemoteRole(f"graph server {i}", s.endpoint) for i, s in enumerate(spec.graph_servers))]
+        self.monitors: list[zmq.Socket] = []  # per role: its connection's DISCONNECTED events
+        self.noticed: set[str] = set()  # the graph servers whose interruption notice the run handled
+        self.died: str | None = None  # the role whose death the next restart() recovers from
         self.touched = False  # a command that changes a server was sent: SHUTDOWN at the end
         self.started = False
 
+    def _new_watchdog(self) -> HeartbeatWatchdog:
+        return HeartbeatWatchdog(self.ctx, self.config.watchdog_min_s, self.config.watchdog_factor,
+                                 self.config.task_timeout_s, keys=self.keys)
+
     def start(self) -> None:
-        if self.started:
-            return
+        if not self.started:
+            self._start(self.wait_s)
+
+    def _start(self, wait_s: float, died: str | None = None) -> None:
         self.ps_endpoint = self.spec.param_server.endpoint
         self.ps = self._dealer(self.ps_endpoint, "paramserver")
         self.servers = [self._dealer(s.endpoint, "graphserver") for s in self.spec.graph_servers]
         sockets = [self.ps, *self.servers]
-        ready = self._greet(sockets)
+        ready = self._greet(sockets, wait_s, died)
         self._check_parts(ready[1:])
         for role, socket in zip(self.roles, sockets):
             self._check_config(role, socket)
@@ -147,22 +182,69 @@ class RemoteCluster(Cluster):
         target = backend_class(self.config.backend).cluster_target(self.spec)
         self.touched = True
         self._connect_graph_servers([s.endpoint for s in self.spec.graph_servers], **target)
+        # Watched from here on only: the greeting's own stops and restarts close connections too.
+        self.monitors = [socket.get_monitor_socket(zmq.EVENT_DISCONNECTED) for socket in sockets]
         self.started = True
 
-    def _greet(self, sockets: list[zmq.Socket]) -> list[Header]:
+    def restart(self) -> None:
+        """Recovery (:meth:`dorylus.coordinator.DistributedTrainer.recover`): new sockets, so that
+        nothing queued for the dead role reaches its replacement, then the greeting of
+        :meth:`start` for up to the cluster file's ``recovery_wait_s``: the roles that survived
+        hold this run's state and are stopped (their service manager starts them afresh), the
+        dead one's replacement must answer at its address. The watchdog keeps what it learned
+        of each step's duration; the training loop then restores its last state."""
+        durations = self.watchdog.durations
+        self._close_sockets()
+        self.ctx.term()
+        self.ctx = zmq.Context()
+        self.watchdog = self._new_watchdog()
+        self.watchdog.durations = durations
+        self.touched = self.started = False  # the greeting stops what holds state; a failed one leaves none
+        self.noticed = set()  # new instances
+        print(f"waiting up to {self.spec.recovery_wait_s} s (recovery_wait_s of {self.spec.path}) for "
+              f"{self.died} to come back at its address and for the others to restart afresh", file=sys.stderr,
+              flush=True)
+        self._start(self.spec.recovery_wait_s, self.died)
+
+    def check(self, what: str, elapsed: float, bound: float, why: str) -> None:
+        try:
+            super().check(what, elapsed, bound, why)
+        except RoleDied as exc:
+            self.died = exc.role  # for restart(), which the training loop calls without it
+            raise
+
+    def _check_alive(self) -> None:
+        for role, monitor in zip(self.roles, self.monitors):
+            if monitor.poll(0, zmq.POLLIN):
+                recv_monitor_message(monitor)
+                notice = " after its interruption notice" if role.name in self.noticed else ""
+                raise RoleDied(f"{role.name} at {role.endpoint} closed its connection{notice} (its process exited "
+                               "or its host went away)", role.name)
+
+    def interruption_handled(self, part: int) -> None:
+        self.noticed.add(f"graph server {part}")
+
+    def _close_sockets(self) -> None:
+        for monitor in self.monitors:
+            monitor.close(linger=0)
+        self.monitors = []
+        super()._close_sockets()
+
+    def _greet(self, sockets: list[zmq.Socket], wait_s: float, died: str | None = None) -> list[Header]:
         """Every server's READY, waiting up to ``wait_s`` for servers that are still starting.
 
         A server that answers but holds an earlier run's state (its coordinator died without
-        stopping it) is stopped, and the wait goes on for its service manager to start it
-        afresh: training on its leftover ghost rows and weights would silently change the run."""
-        deadline = time.monotonic() + self.wait_s
+        stopping it, or it survived a role of this run that died: ``died``) is stopped, and the
+        wait goes on for its service manager to start it afresh: training on its leftover ghost
+        rows and weights would silently change the run."""
+        deadline = time.monotonic() + wait_s
         answers: dict[int, Header] = {}
         stopped: set[int] = set()
         last_hello = [0.0] * len(sockets)
         while len(answers) < len(sockets):
             now = time.monotonic()
             if now > deadline:
-                self._no_answer([i for i in range(len(sockets)) if i not in answers], stopped)
+                self._no_answer([i for i in range(len(sockets)) if i not in answers], stopped, wait_s, died)
             for i, socket in enumerate(sockets):
                 if i in answers:
                     continue
@@ -176,23 +258,35 @@ class RemoteCluster(Cluster):
                     if reply.meta.get("fresh", True):
                         answers[i] = reply
                     elif i not in stopped:
-                        print(f"{self.roles[i].name} at {self.roles[i].endpoint} holds an earlier run's state: "
-                              "stopping it and waiting for it to start afresh", file=sys.stderr, flush=True)
+                        if died is None:
+                            print(f"{self.roles[i].name} at {self.roles[i].endpoint} holds an earlier run's state: "
+                                  "stopping it and waiting for it to start afresh", file=sys.stderr, flush=True)
                         protocol.send(socket, Header(Op.SHUTDOWN, req=next(self._ids)))
                         stopped.add(i)
             time.sleep(0.02)
         return [answers[i] for i in range(len(sockets))]
 
-    def _no_answer(self, missing: list[int], stopped: set[int]) -> None:
+    def _no_answer(self, missing: list[int], stopped: set[int], wait_s: float, died: str | None) -> None:
         names = [f"{self.roles[i].name} at {self.roles[i].endpoint}" for i in missing]
         restarting = [name for i, name in zip(missing, names) if i in stopped]
+        silent = [name for i, name in zip(missing, names) if i not in stopped]
+        if died is not None:
+            gone = [f"no answer from {', '.join(silent)}"] if silent else []
+            if restarting:
+                gone.append(f"{', '.join(restarting)} held this run's state and {'were' if len(restarting) > 1 else 'was'}"
+                            " stopped to start afresh, but did not come back")
+            raise ClusterError(
+                f"cluster {self.spec.path}: recovery after {died} died: within {wait_s:.0f} s (the cluster file's "
+                f"recovery_wait_s), {'; '.join(gone)}. Start the roles at those addresses again (systemd restarts a "
+                "role 30 s after it exits; a spot graph server's Auto Scaling group launches its replacement at the "
+                "same address) and resume")
         if restarting:
             raise ClusterError(
                 f"cluster {self.spec.path}: {', '.join(restarting)} held an earlier run's state and was stopped, but "
-                f"did not come back within {self.wait_s:.0f} s; start it again (systemd does, after 30 s: "
+                f"did not come back within {wait_s:.0f} s; start it again (systemd does, after 30 s: "
                 "--cluster-wait-s longer than that)")
         raise ClusterError(
-            f"cluster {self.spec.path}: no answer within {self.wait_s:.0f} s from {', '.join(names)}; is it running "
+            f"cluster {self.spec.path}: no answer within {wait_s:.0f} s from {', '.join(names)}; is it running "
             "(on AWS: systemctl status dorylus-graphserver / dorylus-paramserver), reachable from here, and started "
             "with --keys holding this coordinator's public key?")
 

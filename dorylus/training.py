@@ -469,8 +469,9 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
             run.save_checkpoint(latest)
         if latest is not None:
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by a failure"
+            on = f" --cluster {shlex.quote(extra['cluster'])}" if "cluster" in extra else ""  # its servers, again
             print(f"run {why} after epoch {latest.epoch}; checkpoint {run.path / 'checkpoint.pt'}; resume with:\n"
-                  f"  dorylus train --resume {shlex.quote(str(run.path))}", file=progress or sys.stderr, flush=True)
+                  f"  dorylus train --resume {shlex.quote(str(run.path))}{on}", file=progress or sys.stderr, flush=True)
         raise
     history = read_metrics(run.path)
     summary = {"backend": config.backend, "run_dir": str(run.path), **extra, **summarize(history)}

@@ -89,9 +89,10 @@ class ClusterEnv:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.root / f"{name}.log"
-        process = subprocess.Popen([sys.executable, "-m", "dorylus.cli", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                                   stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                   env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+        with open(log, "a") as out:  # appended: a restarted server keeps its predecessor's log
+            process = subprocess.Popen([sys.executable, "-m", "dorylus.cli", *args], cwd=REPO,
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})})
         self.processes.append((name, process, log))
         return process
 
@@ -121,18 +122,44 @@ class ClusterEnv:
 
     def start_servers(self) -> None:
         """The parameter server and the graph servers, started by hand with their keys."""
+        self.start_param_server()
+        for part in range(self.parts):
+            self.start_graph_server(part)
+
+    def start_param_server(self) -> None:
         meta = json.loads((self.store / "meta.json").read_text())
         self._spawn("paramserver", ["paramserver", "--config", str(self.config_file), "--num-features",
                                     str(meta["num_features"]), "--num-classes", str(meta["num_classes"]),
                                     "--bind", self.ps_endpoint, "--keys", str(self.keys)])
-        for part in range(self.parts):
-            self.start_graph_server(part)
 
     def start_graph_server(self, part: int) -> None:
         self._spawn(f"graphserver-{part}", [
             "graphserver", "--store", str(self.store), "--part", str(part), "--config", str(self.config_file),
             "--param-server", self.ps_endpoint, "--bind", self.graph_endpoint(part), "--advertise", "127.0.0.1",
             "--keys", str(self.keys), "--threads", "1"])
+
+    def supervise(self, coordinator: subprocess.Popen, run: Path, restart_after_s: float, timeout_s: float,
+                  keep_down: frozenset[str] = frozenset()) -> int:
+        """Play the servers' service manager (systemd's ``Restart=always``) until ``coordinator``
+        exits: a server that exited is started again at its address ``restart_after_s`` later,
+        except those named in ``keep_down``, and none once the coordinator's run directory ``run``
+        holds its summary (what stops then is stopped by the run's end). Returns the coordinator's
+        exit status; fails the test when it runs past ``timeout_s``."""
+        starts = {"paramserver": self.start_param_server,
+                  **{f"graphserver-{p}": (lambda p=p: self.start_graph_server(p)) for p in range(self.parts)}}
+        deadline = time.monotonic() + timeout_s
+        exited_at: dict[str, float] = {}
+        while coordinator.poll() is None:
+            assert time.monotonic() < deadline, f"the coordinator did not finish within {timeout_s:.0f} s"
+            now = time.monotonic()
+            for name, start in starts.items():
+                if name in keep_down or self.server(name).poll() is None or (run / "summary.json").exists():
+                    continue
+                if now - exited_at.setdefault(name, now) >= restart_after_s:
+                    del exited_at[name]
+                    start()
+            time.sleep(0.05)
+        return coordinator.returncode
 
     def forget_exited(self) -> None:
         """Drop the processes that ended (a server stopped by its run), so names find the new ones."""
@@ -152,10 +179,11 @@ class ClusterEnv:
                 assert time.monotonic() < deadline, f"{endpoint} did not start"
 
     def server(self, name: str) -> subprocess.Popen:
-        return next(p for n, p, _ in self.processes if n == name)
+        """The latest process started under ``name``."""
+        return next(p for n, p, _ in reversed(self.processes) if n == name)
 
     def log(self, name: str) -> str:
-        return next(log for n, _, log in self.processes if n == name).read_text()
+        return next(log for n, _, log in reversed(self.processes) if n == name).read_text()
 
     def stop(self) -> None:
         for _, process, _ in self.processes:
@@ -173,7 +201,7 @@ def make_env(root: Path, graph: GraphDataset, config: TrainConfig, parts: int = 
     """Store, config file and keys under ``root``; no process yet."""
     store = root / "store"
     write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, parts, "contiguous"), store,
-                method="contiguous", seed=0)
+                method="contiguous", seed=config.seed, sparse_features=config.sparse_features)
     curve.write_keys(root / "keys")
     env = ClusterEnv(root=root, config=config, store=store, keys=root / "keys", parts=parts)
     env.config_file.write_text(json.dumps(config.to_dict()))

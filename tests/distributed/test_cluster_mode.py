@@ -205,6 +205,8 @@ def _good_cluster(tmp_path: Path) -> dict:
     (lambda c: c.update(regoin="us-east-1"), "unknown key(s) regoin"),
     (lambda c: c["param_servers"][0].update(host="0.0.0.0"), "param_servers[0].host '0.0.0.0' is not an address"),
     (lambda c: c["function"].update(endpoint_url="ftp://x"), "function.endpoint_url 'ftp://x' is not an http(s) URL"),
+    (lambda c: c.update(recovery_wait_s=0), "recovery_wait_s must be an integer from 1 to 3600, got 0"),
+    (lambda c: c.update(recovery_wait_s=1.5), "recovery_wait_s must be an integer from 1 to 3600, got 1.5"),
     (None, "is not valid JSON"),
 ])
 def test_a_malformed_cluster_file_is_one_clear_error(tmp_path, capsys, change, words):
