@@ -273,8 +273,9 @@ class RemoteCluster(Cluster):
         if died is not None:
             gone = [f"no answer from {', '.join(silent)}"] if silent else []
             if restarting:
-                gone.append(f"{', '.join(restarting)} held this run's state and {'were' if len(restarting) > 1 else 'was'}"
-                            " stopped to start afresh, but did not come back")
+                were = "were" if len(restarting) > 1 else "was"
+                gone.append(f"{', '.join(restarting)} held this run's state and {were} stopped to start afresh, "
+                            "but did not come back")
             raise ClusterError(
                 f"cluster {self.spec.path}: recovery after {died} died: within {wait_s:.0f} s (the cluster file's "
                 f"recovery_wait_s), {'; '.join(gone)}. Start the roles at those addresses again (systemd restarts a "

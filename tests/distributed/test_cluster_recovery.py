@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from dorylus.config import TrainConfig
+from dorylus.coordinator import RoleDied
 from dorylus.data.loaders import load_dataset
+from dorylus.remote import HeartbeatWatchdog, RemoteRole
 from dorylus.runs import read_metrics
 from tests.distributed.background import EPOCHS, assert_same_epochs
 from tests.distributed.cluster_env import REPO, ClusterEnv, make_env
@@ -125,3 +128,29 @@ def test_no_replacement_within_the_wait_stops_the_run_naming_the_role_with_a_che
     assert saved >= KILL_AT and saved == read_metrics(run)[-1]["epoch"] < EPOCHS
     assert f"run stopped by a failure after epoch {saved}; checkpoint {run / 'checkpoint.pt'}" in output
     assert f"dorylus train --resume {run} --cluster {cluster_file}" in output
+
+
+def test_a_role_that_answers_no_heartbeat_is_taken_as_dead():
+    """A host that vanished closes no connection: the heartbeat names it, as a death the run may
+    recover from. The role that answers is not named."""
+    ctx = zmq.Context()
+    answering, silent = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    watchdog = HeartbeatWatchdog(ctx, min_s=0.3, factor=3.0, first_s=10.0)
+    try:
+        endpoints = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (answering, silent)]
+        watchdog.watch(RemoteRole("parameter server", endpoints[0]), endpoints[0], "paramserver")
+        watchdog.watch(RemoteRole("graph server 1", endpoints[1]), endpoints[1], "graphserver")
+        deadline = time.monotonic() + 10
+        with pytest.raises(RoleDied) as died:
+            while time.monotonic() < deadline:
+                while answering.poll(0, zmq.POLLIN):
+                    answering.send_multipart(answering.recv_multipart())
+                watchdog.check_heartbeats("epoch 4")
+                time.sleep(0.02)
+        assert died.value.role == "graph server 1", died.value
+        assert f"graph server 1 (at {endpoints[1]}) has not answered a heartbeat" in str(died.value)
+    finally:
+        watchdog.close()
+        answering.close(linger=0)
+        silent.close(linger=0)
+        ctx.term()
