@@ -7,8 +7,10 @@ from pathlib import Path
 
 
 def children_of(pid: int) -> set[int]:
-    """Every live descendant of ``pid``, from /proc, except multiprocessing's resource tracker
-    (one per interpreter, for its whole life)."""
+    """Every live descendant of ``pid``, from /proc, except the processes that live as long as
+    their interpreter by design: multiprocessing's resource tracker and the role zygote
+    (:mod:`dorylus.zygote`, reused by every local run of the process). Roles forked from the
+    zygote are its children, so one left behind is still found."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -21,7 +23,7 @@ def children_of(pid: int) -> set[int]:
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
-    return {p for p in found if alive(p) and b"resource_tracker" not in cmdline(p)}
+    return {p for p in found if alive(p) and b"resource_tracker" not in cmdline(p) and b"dorylus.zygote" not in cmdline(p)}
 
 
 def cmdline(pid: int) -> bytes:
