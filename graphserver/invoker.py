@@ -29,7 +29,9 @@ The same code talks to AWS Lambda and to the local emulator; only ``endpoint_url
   server (:mod:`graphserver.backends.serverless`): a failed call does not end a run. API errors
   that would fail the same way again (unknown function, payload too large or not JSON, bad
   parameter) are configuration errors, not failed calls: they end the call at once with a plain
-  :class:`TaskFailed`, and the run with them.
+  :class:`TaskFailed`, and the run with them. A function error in :data:`GRAPH_SERVER_DECIDES`
+  (the call's stashed weights are gone) also ends the call's attempts at once, as
+  :class:`AttemptsExhausted`: no relaunch could succeed, and the graph server knows why.
 * Failures are counted by kind (``failures`` in :meth:`LambdaInvoker.take_stats`): ``raise``
   (the function raised), ``crash`` (``Runtime.ExitError``), ``timeout`` (``Sandbox.Timedout`` or
   no answer within the client's read timeout), ``throttle`` (429s that outlasted botocore's
@@ -76,13 +78,18 @@ DURATION_WINDOW = 20  # successful calls per task kind in the moving mean
 FAILURE_KINDS = ("raise", "crash", "timeout", "throttle", "invoke")
 # Function errors that are not the handler's own exception (Lambda's names for them).
 _FUNCTION_ERROR_KINDS = {"Runtime.ExitError": "crash", "Sandbox.Timedout": "timeout"}
+# Function errors that every relaunch would meet again but that the graph server can settle (the
+# lambda backend's fallback): lambdas.handler.StashReleased, the call's stashed weights are gone,
+# usually because an earlier attempt's gradient completed the epoch and its step released them.
+GRAPH_SERVER_DECIDES = frozenset({"StashReleased"})
 
 
 class _AttemptFailed(Exception):
-    def __init__(self, message: str, kind: str, fatal: bool = False):
+    def __init__(self, message: str, kind: str, fatal: bool = False, final: bool = False):
         super().__init__(message)
         self.kind = kind
-        self.fatal = fatal
+        self.fatal = fatal  # ends the run: a configuration error
+        self.final = final  # ends the call's attempts: its graph server decides (GRAPH_SERVER_DECIDES)
 
 
 class _Attempt:
@@ -347,7 +354,7 @@ class LambdaInvoker:
                     last_error = str(error)
                     if isinstance(error, _AttemptFailed) and error.fatal:
                         raise TaskFailed(summary())
-                    if failures >= self.fallback_after:
+                    if failures >= self.fallback_after or isinstance(error, _AttemptFailed) and error.final:
                         raise AttemptsExhausted(summary())
                     if attempt is newest and relaunch_at is None:
                         relaunch_at = time.monotonic() + self.backoff(failures)
@@ -403,7 +410,8 @@ class LambdaInvoker:
             error = result if isinstance(result, dict) else {}
             error_type = str(error.get("errorType", "Unhandled"))
             raise _AttemptFailed(f"function error {error_type}: {error.get('errorMessage', body[:500])}",
-                                 _FUNCTION_ERROR_KINDS.get(error_type, "raise"))
+                                 _FUNCTION_ERROR_KINDS.get(error_type, "raise"),
+                                 final=error_type in GRAPH_SERVER_DECIDES)
         return result, duration
 
     async def close(self) -> None:

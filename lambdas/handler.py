@@ -71,6 +71,12 @@ class FunctionTaskError(RuntimeError):
     """A server answered with ERROR or did not answer; names the task, interval and epoch."""
 
 
+class StashReleased(FunctionTaskError):
+    """The parameter server holds no stashed weights for the call: a relaunch would be refused
+    the same way. Its graph server decides (``graphserver.invoker``: no more attempts): usually
+    an earlier attempt's gradient completed the epoch, whose step released the stash."""
+
+
 class _Link:
     """A call's share of the network under the emulator's bandwidth cap: its transfers, in the
     order they are sent, each hold the link for bytes / bandwidth."""
@@ -105,7 +111,9 @@ class _Pending:
             logger.info("dropped a late %s reply from %s to request %d: an earlier call gave up waiting for it",
                         reply.op.value, peer.what, reply.req)
         if reply.op is Op.ERROR:
-            raise FunctionTaskError(f"{peer.what} refused {header.op.value}: {reply.code}: {reply.message}")
+            refused = (StashReleased if header.op is Op.PULL_WEIGHTS and header.meta.get("weights") == "stash"
+                       and reply.code == "out_of_range" else FunctionTaskError)
+            raise refused(f"{peer.what} refused {header.op.value}: {reply.code}: {reply.message}")
         peer.link.hold(self.started, self.sent_bytes + sum(a.nbytes for a in arrays))
         return reply, arrays
 
@@ -270,6 +278,6 @@ def handler(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             peer = _peers.pop(endpoint, None)
             if peer is not None:
                 peer.close()
-        raise FunctionTaskError(
+        raise type(exc)(  # the type is the function error's errorType, which the invoker reads
             f"{event.get('task')} interval {event.get('interval')} epoch {event.get('epoch')} "
             f"layer {event.get('layer')} (part {event.get('part')}): {exc}") from None

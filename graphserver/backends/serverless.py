@@ -9,6 +9,20 @@ server under the same key as the function's), counted as ``fallback_calls``. Onl
 fails there too stops the run. A function attempt still in flight that pushes later is dropped
 as a duplicate by both servers, so every result and gradient is still taken exactly once.
 
+A function pushes its gradient and its rows at once, so a failed attempt may have delivered
+either without the other; relaunches and the fallback settle both:
+
+* gradient in, rows not (a crash or a failed push between the two): a relaunch computes with the
+  same stashed weights; its gradient is dropped as a duplicate, its rows are the first. If the
+  gradient completed its epoch, the step released the stash: the relaunch is refused
+  (``StashReleased``, no more attempts) and the fallback, finding the epoch stepped, has nothing
+  left to do, since only a stage that writes no rows (layer 0's backward) can complete an epoch.
+* rows in, gradient not: a relaunch pushes the gradient; the fallback computes here for the
+  gradient alone and keeps the rows already written.
+* a late push of an earlier attempt, after the call has its rows: dropped (the graph server takes
+  the first push of a call in progress only, and the key names pass, task, layer, epoch and
+  interval, so no other call's push is taken for it).
+
 A call's result arrives as the function's PUSH to the graph server, which resolves the call's
 future (:meth:`LambdaBackend.awaiting`); the call's own future resolves with that result once
 the invoke has returned too, because the function pushes its rows and its gradient at once and
@@ -238,19 +252,34 @@ class LambdaBackend(LimitedBackend):
             del self._pushes[key]
 
     async def _fallback(self, event: dict[str, Any], exc: AttemptsExhausted, pushed: asyncio.Future) -> None:
+        """Run the call here. Its attempts may have failed between their two pushes (module
+        docstring): rows in but the gradient maybe not, or the reverse."""
         server = self.server
         self.fallback_calls += 1
         print(f"graph server {server.part_id}: running on this server: {exc}", file=sys.stderr, flush=True)
-        if pushed.done():  # a late attempt pushed its result while the last one failed
+        if pushed.done() and not event["grad"]:  # a late attempt pushed its result while the last one failed
             return
-        try:
+        try:  # with the rows already in, for the gradient alone (a duplicate if an attempt pushed it)
             rows, meta = await self._local_backend().compute(event)
         except Exception as local_exc:
-            raise TaskFailed(f"{exc}; then on graph server {server.part_id} itself: "
-                             f"{type(local_exc).__name__}: {local_exc}") from local_exc
+            if not (event["grad"] and await self._stepped(event["epoch"])):
+                raise TaskFailed(f"{exc}; then on graph server {server.part_id} itself: "
+                                 f"{type(local_exc).__name__}: {local_exc}") from local_exc
+            # A step takes every gradient of its epoch, this call's included (an attempt pushed it
+            # before failing); the step released the weights its rows would need. Only a stage that
+            # writes none can be here: every other gradient of the epoch waits for its rows.
+            if event["writes"] and not pushed.done():
+                raise TaskFailed(f"{exc}; its gradient was applied, but epoch {event['epoch']} was stepped before "
+                                 f"its rows {list(event['writes'])} were written") from local_exc
+            rows, meta = [], {}
         if not pushed.done():  # else a late attempt's push won while this one computed
             server.write_result(call_key(event), rows)
             pushed.set_result(meta)
+
+    async def _stepped(self, epoch: int) -> bool:
+        """Whether the parameter server has stepped ``epoch`` (version ``v`` is the weights after
+        epoch ``v``'s step, as the scheduler's weight waits assume)."""
+        return await self.server.wait_version(0) >= epoch
 
     def _local_backend(self):
         """The cpu backend's code path on this graph server (fallbacks, stages run here)."""

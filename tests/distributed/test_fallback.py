@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from dorylus.runs import read_metrics
 from dorylus.training import run_training
 from graphserver.backends.serverless import LambdaBackend
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed
+from tests.graphs import random_graph
 from tests.graphserver import handlers
 
 CODE_DIR = str(Path(handlers.__file__).parents[handlers.__name__.count(".")])
@@ -32,7 +34,7 @@ def event(interval: int = 0, **extra) -> dict:
 
 @pytest.fixture(scope="module")
 def emulator():
-    names = ("fail", "crash_first", "sleep")
+    names = ("fail", "crash_first", "sleep", "stash_released")
     server = serve(functions={n: f"{handlers.__name__}:{n}" for n in names}, concurrency=4, timeout_s=30,
                    code_dirs=[CODE_DIR])
     try:
@@ -64,6 +66,17 @@ def test_k_failures_give_up_with_backoff_between_relaunches(emulator):
     stats = invoker.take_stats()
     assert (stats["invocations"], stats["relaunches"], stats["failed_calls"]) == (3, 2, 3)
     assert stats["failures"] == {"raise": 3, "crash": 0, "timeout": 0, "throttle": 0, "invoke": 0}
+
+
+def test_a_call_whose_stash_is_released_goes_to_its_graph_server_at_once(emulator):
+    """No relaunch can be given weights the parameter server no longer holds: the first such
+    refusal ends the function attempts (the lambda backend's fallback then decides)."""
+    invoker = LambdaInvoker(emulator.url, "stash_released", concurrency=1, timeout_s=30, fallback_after=4,
+                            backoff_base_s=0.01)
+    with pytest.raises(AttemptsExhausted, match=r"failed after 1 attempt; last error: function error StashReleased"):
+        run(closing(invoker, invoker.invoke(event())))
+    stats = invoker.take_stats()
+    assert (stats["invocations"], stats["relaunches"], stats["failures"]["raise"]) == (1, 0, 1)
 
 
 def test_backoff_is_full_jitter_under_an_exponential_bound():
@@ -192,3 +205,49 @@ def test_issue_21_acceptance_200_epochs_under_faults(tmp_path, cora):
     summary, metrics = _faulty_run(tmp_path, cora, "faulty", epochs, **FAULTS)
     _assert_complete_and_exact(summary, metrics, clean, epochs, exact=True)
     assert summary["relaunches"] > 0 and summary["failures"]["raise"] > 0
+
+
+
+# Calls that fail between their two pushes (tests/distributed/partial_push_handler.py): attempt 0
+# of an epoch's AV_BWD calls of one layer, on every interval of both graph servers.
+BETWEEN_PUSHES = {
+    2: ("crash_after_gradient", 1),  # gradient in, rows (dY0) not: the relaunch or the server writes them
+    3: ("crash_after_gradient", 0),  # the four gradients complete epoch 3, stepped before any relaunch
+    4: ("rows_without_gradient", 1),  # rows in, the gradient still owed
+    5: ("raise_after_gradient", 0),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fallback_after", [4, 1])
+def test_calls_that_fail_between_their_two_pushes(tmp_path, monkeypatch, fallback_after):
+    """Every gradient is applied exactly once and every row written, wherever between its pushes
+    a call failed: the sync run equals the single-process reference epoch by epoch."""
+    monkeypatch.setenv("DORYLUS_TEST_PLAN", json.dumps(BETWEEN_PUSHES))
+    graph = random_graph(num_nodes=60, num_edges=200)
+    epochs = 6
+    reference = run_training(TrainConfig(backend="reference", epochs=epochs, hidden=4,
+                                         run_dir=str(tmp_path / "reference")), graph, progress=io.StringIO())
+    config = TrainConfig(backend="lambda", parts=2, intervals=2, functions=2, epochs=epochs, hidden=4,
+                         function_handler="tests.distributed.partial_push_handler:handler",
+                         fallback_after=fallback_after, watchdog_min_s=5.0, run_dir=str(tmp_path / "run"))
+    summary = run_training(config, graph, progress=io.StringIO())
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["epoch"] for m in metrics] == list(range(1, epochs + 1))
+    assert summary["gradients"]["applied"] == 2 * 2 * LAYERS * epochs
+    for got, want in zip(metrics, read_metrics(Path(reference["run_dir"]))):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), got["epoch"]
+    for m in metrics:
+        how, layer = BETWEEN_PUSHES.get(m["epoch"], (None, None))
+        failures, fallbacks = m["failures"], m["fallback_calls"]
+        if how is None:
+            assert m["failed_calls"] == fallbacks == 0, m
+            continue
+        assert failures["crash" if how.startswith("crash") else "raise"] >= 4, m  # the four targeted attempts
+        if fallback_after == 1:
+            assert m["failed_calls"] == fallbacks == 4, m
+        elif layer == 1:  # relaunched once, and done
+            assert m["failed_calls"] == 4 and fallbacks == 0, m
+        else:  # a relaunch that found the epoch stepped (the call that completed it at least) is
+            # refused once (StashReleased) and settled by its graph server
+            assert 1 <= fallbacks <= 4 and m["failed_calls"] == 4 + fallbacks, m

@@ -45,3 +45,10 @@ def crash_first(event, context):
     if event["attempt"] == 0:
         os._exit(3)
     return {"attempt": event["attempt"]}
+
+
+def stash_released(event, context):
+    """Fails as the real function does when its call's stashed weights are gone."""
+    from lambdas.handler import StashReleased
+
+    raise StashReleased("parameter server refused PULL_WEIGHTS: out_of_range: no weights stashed")
