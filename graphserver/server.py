@@ -45,8 +45,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
-import itertools
 import logging
 import signal
 import sys
@@ -61,9 +59,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+import dorylus.peer
 from dorylus import atomic, curve, logs, protocol, sockets, spot
 from dorylus.config import TrainConfig, load_config_file, server_view
-from dorylus.emulator.physics import NetPhysics
 from dorylus.endpoints import advertised_endpoint, check_endpoint
 from dorylus.errors import ConfigError
 from dorylus.function import FUNCTION_NAME
@@ -79,49 +77,19 @@ from graphserver.scheduler import PASSES, Scheduler
 logger = logging.getLogger(__name__)
 
 
-class Refused(TaskFailed):
+class Refused(dorylus.peer.Refused, TaskFailed):
     """A server answered ERROR; ``code`` says why (e.g. ``epoch_ahead``: not yet, try again)."""
 
-    def __init__(self, message: str, code: str):
-        super().__init__(message)
-        self.code = code
+
+class NoReply(dorylus.peer.NoReply, TaskFailed):
+    """A server did not answer within the task timeout."""
 
 
-class AsyncPeer:
-    """A DEALER connection to a server, one request in flight at a time."""
+class AsyncPeer(dorylus.peer.AsyncPeer):
+    """A connection to another server (:mod:`dorylus.peer`) whose failures fail the task that
+    made the request: this server's training stops with them (``TaskFailed``)."""
 
-    _ids = itertools.count(1)
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, what: str, *, server_role: str,
-                 keys: curve.Keyring | None, max_bytes: int, physics: NetPhysics | None = None):
-        self.socket = sockets.client_socket(ctx, endpoint, keys=keys, server_role=server_role, max_bytes=max_bytes)
-        self.what = f"{what} at {endpoint}"
-        self.lock = asyncio.Lock()
-        self.bytes_out = 0
-        # The emulated link (--net-latency-ms, --net-bandwidth-mbps); None: as fast as loopback.
-        self.physics = physics if physics is not None and physics.network else None
-
-    async def request(self, header: Header, tensors: Sequence[np.ndarray] = (), *,
-                      timeout: float) -> tuple[Header, list[np.ndarray]]:
-        header = dataclasses.replace(header, req=next(self._ids))
-        async with self.lock:
-            frames = protocol.encode(header, tensors)
-            nbytes = sum(np.asarray(t).nbytes for t in tensors)
-            self.bytes_out += nbytes
-            if self.physics is not None:  # the request holds its link while its bytes are on it
-                await asyncio.sleep(self.physics.transfer_s(nbytes))
-            await self.socket.send_multipart(frames, copy=False)
-            if not await self.socket.poll(int(timeout * 1000), zmq.POLLIN):
-                raise TaskFailed(f"{self.what} did not answer {header.op.value} within {timeout:.0f} s")
-            reply, arrays = protocol.decode(await self.socket.recv_multipart(copy=False))
-        if self.physics is not None:  # the reply comes back the other way: the next request may go out
-            await asyncio.sleep(self.physics.transfer_s(sum(a.nbytes for a in arrays)))
-        if reply.op is Op.ERROR:
-            raise Refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code)
-        return reply, arrays
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
+    refused, no_reply = Refused, NoReply
 
 
 class GraphServer:
