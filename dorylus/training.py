@@ -429,6 +429,20 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         while epoch <= config.epochs:
             try:
                 metrics = trainer.step(epoch)
+                # Its state before its metrics: a role that dies meanwhile is recovered from like
+                # one that died in the step, and the epoch is trained (and logged) once.
+                try:
+                    state = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
+                except RoleDied:
+                    raise
+                except ClusterError as exc:
+                    # The graph servers do not wait for the coordinator: one that fell more epochs
+                    # behind than the parameter server keeps states for finds this epoch's gone.
+                    # The last epoch's is always kept; a checkpoint that was due is taken at the
+                    # first epoch whose state is still there.
+                    if exc.code != "state_gone" or epoch == config.epochs:
+                        raise
+                    state = None
             except RoleDied as exc:
                 # A role's process died: restart the roles from the state after the last finished
                 # epoch (kept in `latest`), as --resume would, and train this epoch again. A role
@@ -450,16 +464,8 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
             run.log_epoch(metrics)
             bar.update(metrics)
             due = due or epoch % config.checkpoint_every == 0 or epoch == config.epochs
-            try:
-                latest = Checkpoint(epoch, *trainer.state(epoch), identity=identity)
-            except ClusterError as exc:
-                # The graph servers do not wait for the coordinator: one that fell more epochs
-                # behind than the parameter server keeps states for finds this epoch's gone.
-                # The last epoch's is always kept; a checkpoint that was due is taken at the
-                # first epoch whose state is still there.
-                if exc.code != "state_gone" or epoch == config.epochs:
-                    raise
-            else:
+            if state is not None:
+                latest = state
                 if due:
                     run.save_checkpoint(latest)
                     saved, due = epoch, False

@@ -21,15 +21,17 @@ from pathlib import Path
 
 import zmq
 
-from dorylus import curve, protocol, sockets
+from dorylus import curve, protocol, sockets, zygote
 from dorylus.config import TrainConfig
 from dorylus.data.graph import GraphDataset
+from dorylus.lifecycle import local_process_environment
 from dorylus.partition import assign_parts, write_store
 from dorylus.protocol import Header
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCTION = "dorylus-test-tensor"
 START_S = 90.0
+ROLE_MODULES = {"paramserver": "dorylus.paramserver", "graphserver": "graphserver.server"}
 
 
 def free_port() -> int:
@@ -68,6 +70,10 @@ class ClusterEnv:
     graph_ports: list[int] = field(default_factory=list)
     processes: list[tuple[str, subprocess.Popen, Path]] = field(default_factory=list)
     emulator_url: str = ""
+    # Servers forked from the shared role zygote (dorylus/zygote.py, as local mode starts them)
+    # instead of started as `dorylus` commands: the same modules and options, without each
+    # start's ~3 CPU-s of imports, for the tests that start many.
+    forked: bool = False
 
     @property
     def config_file(self) -> Path:
@@ -90,6 +96,12 @@ class ClusterEnv:
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.root / f"{name}.log"
         with open(log, "a") as out:  # appended: a restarted server keeps its predecessor's log
+            if self.forked and args[0] in ROLE_MODULES:
+                launcher = zygote.shared(local_process_environment())
+                process = launcher.spawn(ROLE_MODULES[args[0]], [*args[1:], "--exit-with-parent", str(launcher.pid)],
+                                         out, cwd=str(REPO), env=local_process_environment())
+                self.processes.append((name, process, log))
+                return process
             process = subprocess.Popen([sys.executable, "-m", "dorylus.cli", *args], cwd=REPO,
                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                        env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **(env or {})})
@@ -197,12 +209,12 @@ class ClusterEnv:
                 process.wait(timeout=10)
 
 
-def make_env(root: Path, graph: GraphDataset, config: TrainConfig, parts: int = 2) -> ClusterEnv:
-    """Store, config file and keys under ``root``; no process yet."""
+def make_env(root: Path, graph: GraphDataset, config: TrainConfig, parts: int = 2, forked: bool = False) -> ClusterEnv:
+    """Store, config file and keys under ``root``; no process yet (``forked``: see :class:`ClusterEnv`)."""
     store = root / "store"
     write_store(graph, assign_parts(graph.num_nodes, graph.src, graph.dst, parts, "contiguous"), store,
                 method="contiguous", seed=config.seed, sparse_features=config.sparse_features)
     curve.write_keys(root / "keys")
-    env = ClusterEnv(root=root, config=config, store=store, keys=root / "keys", parts=parts)
+    env = ClusterEnv(root=root, config=config, store=store, keys=root / "keys", parts=parts, forked=forked)
     env.config_file.write_text(json.dumps(config.to_dict()))
     return env

@@ -36,7 +36,7 @@ ROLES = ("paramserver", "graphserver-0", "graphserver-1")
 
 @pytest.fixture
 def env(tmp_path):
-    env = make_env(tmp_path / "cluster", load_dataset(shared_data("cora.npz")), CONFIG)
+    env = make_env(tmp_path / "cluster", load_dataset(shared_data("cora.npz")), CONFIG, forked=True)
     try:
         yield env
     finally:
