@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import shutil
 import signal
@@ -47,6 +46,7 @@ from dorylus.errors import DorylusError
 from dorylus.lifecycle import local_process_environment
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import PartitionStore
+from dorylus.peer import Peer, Pending, Refused
 from dorylus.protocol import Header, Op
 
 STARTUP_TIMEOUT_S = 120.0
@@ -211,11 +211,10 @@ class Cluster:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keys = keys
         self.ctx = zmq.Context()
-        self.servers: list[zmq.Socket] = []
-        self.ps: zmq.Socket | None = None
+        self.servers: list[Peer] = []
+        self.ps: Peer | None = None
         self.ps_endpoint = ""
         self.intervals = 0
-        self._ids = itertools.count(1)
         self.watchdog = Watchdog(self.ctx, config.watchdog_min_s, config.watchdog_factor, config.task_timeout_s,
                                  keys=keys)
         meta = store.meta
@@ -243,9 +242,10 @@ class Cluster:
     def close(self) -> None:
         raise NotImplementedError
 
-    def _dealer(self, endpoint: str, server_role: str) -> zmq.Socket:
-        max_bytes = self.ps_max_bytes if server_role == "paramserver" else self.graph_max_bytes
-        return sockets.client_socket(self.ctx, endpoint, keys=self.keys, server_role=server_role, max_bytes=max_bytes)
+    def _peer(self, endpoint: str, server_role: str) -> Peer:
+        ps = server_role == "paramserver"
+        return Peer(self.ctx, endpoint, "parameter server" if ps else "graph server", server_role=server_role,
+                    keys=self.keys, max_bytes=self.ps_max_bytes if ps else self.graph_max_bytes)
 
     def _connect_graph_servers(self, endpoints: list[str], **meta: Any) -> list[dict[str, Any]]:
         """Tell every graph server its peers (and, in cluster mode, the function to invoke)."""
@@ -253,22 +253,19 @@ class Cluster:
         self.intervals = sum(r["intervals"] for r in replies)
         return replies
 
-    def _shutdown_roles(self) -> dict[zmq.Socket, int]:
-        """Send SHUTDOWN to every role; returns the request id sent on each socket."""
-        sent = {}
-        for socket in [*self.servers, *([self.ps] if self.ps else [])]:
-            try:
-                req = next(self._ids)
-                protocol.send(socket, Header(Op.SHUTDOWN, req=req))
-                sent[socket] = req
-            except zmq.ZMQError:
-                pass
+    def _shutdown_roles(self) -> list[Pending]:
+        """Send SHUTDOWN to every role; returns the requests, whose acknowledgements a caller
+        may await."""
+        sent = []
+        for peer in [*self.servers, *([self.ps] if self.ps else [])]:
+            with contextlib.suppress(zmq.ZMQError):
+                sent.append(peer.send(Header(Op.SHUTDOWN)))
         return sent
 
     def _close_sockets(self) -> None:
         self.watchdog.close()
-        for socket in [*self.servers, *([self.ps] if self.ps else [])]:
-            socket.close(linger=0)
+        for peer in [*self.servers, *([self.ps] if self.ps else [])]:
+            peer.close()
         self.servers, self.ps = [], None
 
     # ------------------------------------------------------------------ commands
@@ -276,20 +273,15 @@ class Cluster:
     def _check_alive(self) -> None:
         """Raise ClusterError if a role is known to be gone (local mode: its process exited)."""
 
-    def _await(self, socket: zmq.Socket, req: int, what: str, step: str) -> tuple[Header, list[np.ndarray]]:
-        """The reply to ``req``, while the watchdog checks the roles' heartbeats and that the
+    def _await(self, pending: Pending, what: str, step: str) -> tuple[Header, list[np.ndarray]]:
+        """The reply to ``pending``, while the watchdog checks the roles' heartbeats and that the
         ``step`` finishes within its bound."""
         start = time.monotonic()
         bound, why = self.watchdog.bound(step)
-        while True:
-            if socket.poll(50, zmq.POLLIN):
-                reply, tensors = protocol.recv(socket)
-                if reply.req != req:
-                    continue  # a late answer to an earlier request
-                if reply.op is Op.ERROR:
-                    raise ClusterError(f"{what} failed: {reply.message}", reply.code)
-                return reply, tensors
-            self.check(what, time.monotonic() - start, bound, why)
+        try:
+            return pending.reply(on_wait=lambda: self.check(what, time.monotonic() - start, bound, why))
+        except Refused as exc:
+            raise ClusterError(f"{what} failed: {exc.reason}", exc.code) from None
 
     def check(self, what: str, elapsed: float, bound: float, why: str) -> None:
         """Raise ClusterError if a role died or stalled, or ``what`` ran past its bound."""
@@ -308,19 +300,13 @@ class Cluster:
     def command_replies(self, command: str, **meta: Any) -> list[Header]:
         """Send one command to every graph server at once; returns their reply headers (``doc``
         included), by part."""
-        reqs = []
-        for socket in self.servers:
-            req = next(self._ids)
-            protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": command, **meta}))
-            reqs.append(req)
-        return [self._await(s, r, command, command)[0] for s, r in zip(self.servers, reqs)]
+        sent = [peer.send(Header(Op.COMMAND, meta={"command": command, **meta})) for peer in self.servers]
+        return [self._await(pending, command, command)[0] for pending in sent]
 
     def ps_request(self, header: Header, tensors: list[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
         start = time.monotonic()
-        header = dataclasses.replace(header, req=next(self._ids))
-        protocol.send(self.ps, header, tensors)
         step = f"parameter server {header.meta.get('command', header.op.value)}"
-        reply = self._await(self.ps, header.req, step, step)
+        reply = self._await(self.ps.send(header, tensors), step, step)
         self.watchdog.record(step, time.monotonic() - start)
         return reply
 
@@ -385,7 +371,7 @@ class LocalCluster(Cluster):
             "--num-classes", str(meta.num_classes), "--bind", f"ipc://{self.socket_dir}/paramserver",
             "--ready-file", str(ps_ready), *keys_args], ps_ready)
         self.ps_endpoint = self._wait_ready(ps_ready, self.children[-1])
-        self.ps = self._dealer(self.ps_endpoint, "paramserver")
+        self.ps = self._peer(self.ps_endpoint, "paramserver")
         self.watchdog.watch(self.children[-1], self.ps_endpoint, "paramserver")
 
         from graphserver.backends import backend_class
@@ -408,7 +394,7 @@ class LocalCluster(Cluster):
                 "--bind", f"ipc://{self.socket_dir}/graphserver-{i}", "--threads", str(threads), *self.services.graph_server_args,
                 *keys_args, *watch_args], ready)
         endpoints = [self._wait_ready(f, child) for f, child in zip(ready_files, self.children[1:])]
-        self.servers = [self._dealer(e, "graphserver") for e in endpoints]
+        self.servers = [self._peer(e, "graphserver") for e in endpoints]
         for child, endpoint in zip(self.children[1:], endpoints):
             self.watchdog.watch(child, endpoint, "graphserver")
         self._connect_graph_servers(endpoints)

@@ -56,11 +56,12 @@ class PeerError(RuntimeError):
 
 
 class Refused(PeerError):
-    """The server answered ERROR; ``code`` says why (``epoch_ahead``: not yet, try again)."""
+    """The server answered ERROR; ``code`` says why (``epoch_ahead``: not yet, try again) and
+    ``reason`` is the reply's message."""
 
-    def __init__(self, message: str, code: str):
+    def __init__(self, message: str, code: str, reason: str = ""):
         super().__init__(message)
-        self.code = code
+        self.code, self.reason = code, reason
 
 
 class NoReply(PeerError):
@@ -107,7 +108,8 @@ class _Connection:
         if self.awaited == header.req:  # answered (an AsyncPeer's next request may be in flight already)
             self.awaited = None
         if reply.op is Op.ERROR:
-            raise self.refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code)
+            raise self.refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code,
+                               reply.message)
         return reply, arrays
 
     def _timed_out(self, header: Header, timeout: float) -> NoReply:

@@ -27,6 +27,7 @@ the same address); then it restores the last finished epoch's state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -36,13 +37,14 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from dorylus import curve, protocol
+from dorylus import curve
 from dorylus.clusterfile import ClusterSpec
 from dorylus.config import TrainConfig, server_view
 from dorylus.coordinator import Cluster, ClusterError, RoleDied, Watchdog
 from dorylus.errors import ConfigError
 from dorylus.partition import PartitionStore, StoreMeta
-from dorylus.protocol import Header, Op
+from dorylus.peer import Peer, PeerError, Pending
+from dorylus.protocol import Header, Op, ProtocolError
 
 DEFAULT_WAIT_S = 120.0
 HELLO_EVERY_S = 2.0  # greet again: a server that restarted meanwhile lost the first HELLO
@@ -168,22 +170,22 @@ class RemoteCluster(Cluster):
 
     def _start(self, wait_s: float, died: str | None = None) -> None:
         self.ps_endpoint = self.spec.param_server.endpoint
-        self.ps = self._dealer(self.ps_endpoint, "paramserver")
-        self.servers = [self._dealer(s.endpoint, "graphserver") for s in self.spec.graph_servers]
-        sockets = [self.ps, *self.servers]
-        ready = self._greet(sockets, wait_s, died)
+        self.ps = self._peer(self.ps_endpoint, "paramserver")
+        self.servers = [self._peer(s.endpoint, "graphserver") for s in self.spec.graph_servers]
+        peers = [self.ps, *self.servers]
+        ready = self._greet(peers, wait_s, died)
         self._check_parts(ready[1:])
-        for role, socket in zip(self.roles, sockets):
-            self._check_config(role, socket)
-        for role, socket in zip(self.roles, sockets):
-            self.watchdog.watch(role, role.endpoint, "paramserver" if socket is self.ps else "graphserver")
+        for role, peer in zip(self.roles, peers):
+            self._check_config(role, peer)
+        for role, peer in zip(self.roles, peers):
+            self.watchdog.watch(role, role.endpoint, "paramserver" if peer is self.ps else "graphserver")
         from graphserver.backends import backend_class
 
         target = backend_class(self.config.backend).cluster_target(self.spec)
         self.touched = True
         self._connect_graph_servers([s.endpoint for s in self.spec.graph_servers], **target)
         # Watched from here on only: the greeting's own stops and restarts close connections too.
-        self.monitors = [socket.get_monitor_socket(zmq.EVENT_DISCONNECTED) for socket in sockets]
+        self.monitors = [peer.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED) for peer in peers]
         self.started = True
 
     def restart(self) -> None:
@@ -230,7 +232,7 @@ class RemoteCluster(Cluster):
         self.monitors = []
         super()._close_sockets()
 
-    def _greet(self, sockets: list[zmq.Socket], wait_s: float, died: str | None = None) -> list[Header]:
+    def _greet(self, peers: list[Peer], wait_s: float, died: str | None = None) -> list[Header]:
         """Every server's READY, waiting up to ``wait_s`` for servers that are still starting.
 
         A server that answers but holds an earlier run's state (its coordinator died without
@@ -240,31 +242,31 @@ class RemoteCluster(Cluster):
         deadline = time.monotonic() + wait_s
         answers: dict[int, Header] = {}
         stopped: set[int] = set()
-        last_hello = [0.0] * len(sockets)
-        while len(answers) < len(sockets):
+        while len(answers) < len(peers):
             now = time.monotonic()
             if now > deadline:
-                self._no_answer([i for i in range(len(sockets)) if i not in answers], stopped, wait_s, died)
-            for i, socket in enumerate(sockets):
-                if i in answers:
+                self._no_answer([i for i in range(len(peers)) if i not in answers], stopped, wait_s, died)
+            # A round: one HELLO to each server not answered yet, their READYs until HELLO_EVERY_S
+            # after the sends; the next round's HELLO replaces one not answered (its late READY is dropped).
+            round_s = min(HELLO_EVERY_S, deadline - now)
+            hellos = {i: peer.send(Header(Op.HELLO, role="coordinator"))
+                      for i, peer in enumerate(peers) if i not in answers}
+            for i, hello in hellos.items():
+                try:
+                    reply, _ = hello.reply(round_s)
+                except PeerError:
                     continue
-                if now - last_hello[i] >= HELLO_EVERY_S:
-                    protocol.send(socket, Header(Op.HELLO, req=next(self._ids), role="coordinator"))
-                    last_hello[i] = now
-                while socket.poll(0, zmq.POLLIN):
-                    reply, _ = protocol.recv(socket)
-                    if reply.op is not Op.READY:
-                        continue
-                    if reply.meta.get("fresh", True):
-                        answers[i] = reply
-                    elif i not in stopped:
-                        if died is None:
-                            print(f"{self.roles[i].name} at {self.roles[i].endpoint} holds an earlier run's state: "
-                                  "stopping it and waiting for it to start afresh", file=sys.stderr, flush=True)
-                        protocol.send(socket, Header(Op.SHUTDOWN, req=next(self._ids)))
-                        stopped.add(i)
-            time.sleep(0.02)
-        return [answers[i] for i in range(len(sockets))]
+                if reply.meta.get("fresh", True):
+                    answers[i] = reply
+                elif i not in stopped:
+                    if died is None:
+                        print(f"{self.roles[i].name} at {self.roles[i].endpoint} holds an earlier run's state: "
+                              "stopping it and waiting for it to start afresh", file=sys.stderr, flush=True)
+                    peers[i].send(Header(Op.SHUTDOWN))
+                    stopped.add(i)
+            if len(answers) < len(peers):
+                time.sleep(max(0.0, now + round_s - time.monotonic()))
+        return [answers[i] for i in range(len(peers))]
 
     def _no_answer(self, missing: list[int], stopped: set[int], wait_s: float, died: str | None) -> None:
         names = [f"{self.roles[i].name} at {self.roles[i].endpoint}" for i in missing]
@@ -304,10 +306,9 @@ class RemoteCluster(Cluster):
                                   f"{self.spec.store} (its meta.json sha256 {str(reply.meta.get('store'))[:12]}..., "
                                   f"this store's {fingerprint[:12]}...)")
 
-    def _check_config(self, role: RemoteRole, socket: zmq.Socket) -> None:
-        req = next(self._ids)
-        protocol.send(socket, Header(Op.COMMAND, req=req, meta={"command": "config"}))
-        reply, _ = self._await(socket, req, f"{role.name} config", "config")
+    def _check_config(self, role: RemoteRole, peer: Peer) -> None:
+        reply, _ = self._await(peer.send(Header(Op.COMMAND, meta={"command": "config"})), f"{role.name} config",
+                               "config")
         differences = differing_fields(self.config, dict(reply.meta))
         if differences:
             raise ConfigError(f"{role.name} at {role.endpoint} runs another training config than this run: "
@@ -323,14 +324,9 @@ class RemoteCluster(Cluster):
             self.ctx.term()
 
     @staticmethod
-    def _await_acks(sent: dict[zmq.Socket, int], timeout_s: float) -> None:
-        """Wait (briefly) for each SHUTDOWN's answer: closing a socket drops what it has not sent."""
-        deadline = time.monotonic() + timeout_s
-        for socket, req in sent.items():
-            while (wait := deadline - time.monotonic()) > 0 and socket.poll(int(wait * 1000), zmq.POLLIN):
-                try:
-                    reply, _ = protocol.recv(socket)
-                except protocol.ProtocolError:
-                    continue
-                if reply.req == req:
-                    break
+    def _await_acks(sent: list[Pending], timeout_s: float) -> None:
+        """Wait (briefly) for each SHUTDOWN's answer: closing a socket drops what it has not sent.
+        They were sent together, and each one's timeout counts from its send."""
+        for pending in sent:
+            with contextlib.suppress(PeerError, ProtocolError):
+                pending.reply(timeout_s)
