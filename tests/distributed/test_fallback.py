@@ -168,30 +168,42 @@ def _faulty_run(tmp_path, cora, name: str, epochs: int, **options):
     return summary, read_metrics(tmp_path / name)
 
 
-def _assert_complete_and_exact(summary, metrics, clean, epochs: int, exact: bool) -> None:
+def _assert_complete_and_exact(summary, metrics, clean, epochs: int) -> None:
+    """The acceptance's clauses, and more: every epoch completed; the gradients applied exactly
+    parts x intervals x layers x epochs; the final test accuracy within one point of the clean
+    run's (and, sync: which attempt or the graph server computed a task changes nothing, so the
+    loss equals the clean run's epoch by epoch); failures by kind, relaunches and fallbacks
+    recorded per epoch, adding up to the summary's."""
     assert [m["epoch"] for m in metrics] == list(range(1, epochs + 1))
     assert summary["gradients"]["applied"] == 2 * 2 * LAYERS * epochs  # parts x intervals x layers x epochs
     assert abs(summary["final_test_acc"] - clean[-1]["test_acc"]) <= 0.01
-    for m in metrics:  # the per-epoch record of what went wrong and what absorbed it
-        assert {"relaunches", "failed_calls", "fallback_calls", "failures"} <= set(m)
-        assert sum(m["failures"].values()) == m["failed_calls"]
-    if exact:  # sync: which attempt (or the graph server) computed a task changes nothing
-        for got, want in zip(metrics, clean):
-            assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), got["epoch"]
+    for got, want in zip(metrics, clean):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), got["epoch"]
+    for m in metrics:
+        assert sum(m["failures"].values()) == m["failed_calls"], m
+    for key in ("relaunches", "fallback_calls"):
+        assert summary[key] == sum(m[key] for m in metrics), key
+    assert summary["failures"] == {kind: sum(m["failures"][kind] for m in metrics) for kind in summary["failures"]}
+    assert summary["failures"]["raise"] > 0 and summary["failures"]["crash"] > 0  # the faults were played
 
 
-def test_faulty_functions_fall_back_and_every_gradient_is_applied_once(tmp_path, cora):
-    """10% raising, 5% straggling x10, 2% crashing calls, K = 1: every failed call runs on its
-    graph server at once. The sync run equals the single-process reference epoch by epoch."""
+@pytest.mark.parametrize("fallback_after", [1, TrainConfig().fallback_after])
+def test_faulty_functions_complete_and_apply_every_gradient_once(tmp_path, cora, fallback_after):
+    """The acceptance line's faults (10% raising, 5% straggling x10, 2% crashing calls) on 12
+    epochs: with K = 1 every failed call runs on its graph server at once; with the default K
+    failed and straggling calls are relaunched. The sync run equals the single-process reference
+    epoch by epoch (its accuracy too: the slow test below asserts the line over 200 epochs)."""
     epochs = 12
     reference = run_training(TrainConfig(dataset="cora", backend="reference", epochs=epochs,
                                          run_dir=str(tmp_path / "reference")), cora, progress=io.StringIO())
     clean = read_metrics(Path(reference["run_dir"]))
-    summary, metrics = _faulty_run(tmp_path, cora, "faulty", epochs, fallback_after=1, **FAULTS)
-    _assert_complete_and_exact(summary, metrics, clean, epochs, exact=True)
-    assert summary["fallback_calls"] == sum(m["fallback_calls"] for m in metrics) > 0
-    assert summary["fallback_calls"] == summary["failures"]["raise"] + summary["failures"]["crash"]
-    assert summary["failures"]["raise"] > 0 and summary["failures"]["crash"] > 0
+    summary, metrics = _faulty_run(tmp_path, cora, "faulty", epochs, fallback_after=fallback_after, **FAULTS)
+    _assert_complete_and_exact(summary, metrics, clean, epochs)
+    if fallback_after == 1:
+        assert summary["relaunches"] == 0
+        assert summary["fallback_calls"] == summary["failures"]["raise"] + summary["failures"]["crash"]
+    else:
+        assert summary["relaunches"] > 0
 
 
 @pytest.mark.slow
@@ -203,9 +215,8 @@ def test_issue_21_acceptance_200_epochs_under_faults(tmp_path, cora):
     epochs = 200
     _, clean = _faulty_run(tmp_path, cora, "clean", epochs)
     summary, metrics = _faulty_run(tmp_path, cora, "faulty", epochs, **FAULTS)
-    _assert_complete_and_exact(summary, metrics, clean, epochs, exact=True)
-    assert summary["relaunches"] > 0 and summary["failures"]["raise"] > 0
-
+    _assert_complete_and_exact(summary, metrics, clean, epochs)
+    assert summary["relaunches"] > 0
 
 
 # Calls that fail between their two pushes (tests/distributed/partial_push_handler.py): attempt 0
