@@ -174,6 +174,11 @@ class RemoteCluster(Cluster):
         self.servers = [self._peer(s.endpoint, "graphserver") for s in self.spec.graph_servers]
         peers = [self.ps, *self.servers]
         ready = self._greet(peers, wait_s, died)
+        if died is not None:
+            # A survivor may have pushed gradients to a replacement that answered fresh before the
+            # survivor was stopped. Once every address answered fresh none of them is left, so
+            # greeting again finds a server they changed (and restarts it) for good.
+            ready = self._greet(peers, wait_s, died)
         self._check_parts(ready[1:])
         for role, peer in zip(self.roles, peers):
             self._check_config(role, peer)
