@@ -73,25 +73,28 @@ class Coordinator:
         self.process.wait(timeout=30)
 
 
-def _kill_graph_server_mid_run(env: ClusterEnv, coordinator: Coordinator, run: Path) -> subprocess.Popen:
+def _kill_mid_run(env: ClusterEnv, coordinator: Coordinator, run: Path, victim: str = "graphserver-1") -> None:
     coordinator.wait_for_epoch(run, KILL_AT)
-    victim = env.server("graphserver-1")
-    victim.kill()
-    victim.wait(timeout=10)
-    return victim
+    process = env.server(victim)
+    process.kill()
+    process.wait(timeout=10)
 
 
-def test_a_killed_graph_server_comes_back_and_the_cluster_run_equals_an_uninterrupted_one(env, uninterrupted,
-                                                                                         tmp_path):
+@pytest.mark.parametrize("victim, role", [
+    ("graphserver-1", "graph server 1"),
+    pytest.param("paramserver", "parameter server", marks=pytest.mark.slow),
+])
+def test_a_killed_role_comes_back_and_the_cluster_run_equals_an_uninterrupted_one(env, uninterrupted, tmp_path,
+                                                                                 victim, role):
     env.write_cluster_file(recovery_wait_s=120)
     env.start_servers()
     run = tmp_path / "run"
     with Coordinator(env, run) as coordinator:
-        _kill_graph_server_mid_run(env, coordinator, run)
+        _kill_mid_run(env, coordinator, run, victim)
         code = env.supervise(coordinator.process, run, restart_after_s=0.5, timeout_s=240)
     output = coordinator.output()
     assert code == 0, output[-3000:]
-    assert "graph server 1 died during epoch" in output and "closed its connection" in output, output[-3000:]
+    assert f"{role} died during epoch" in output and "closed its connection" in output, output[-3000:]
     assert "recovery 1 of 3" in output and "recovery 2" not in output, output[-3000:]
     metrics = read_metrics(run)
     assert_same_epochs(metrics, uninterrupted)
@@ -105,7 +108,7 @@ def test_a_killed_graph_server_comes_back_and_the_cluster_run_equals_an_uninterr
     for name in ROLES:
         started = [p for n, p, _ in env.processes if n == name]
         assert len(started) == 2, (name, len(started))
-        assert started[0].returncode == (-9 if name == "graphserver-1" else 0), name
+        assert started[0].returncode == (-9 if name == victim else 0), name
         assert started[1].wait(timeout=30) == 0, name
 
 
@@ -114,7 +117,7 @@ def test_no_replacement_within_the_wait_stops_the_run_naming_the_role_with_a_che
     env.start_servers()
     run = tmp_path / "run"
     with Coordinator(env, run) as coordinator:
-        _kill_graph_server_mid_run(env, coordinator, run)
+        _kill_mid_run(env, coordinator, run)
         code = env.supervise(coordinator.process, run, restart_after_s=0.5, timeout_s=120, keep_down=frozenset(ROLES))
     output = coordinator.output()
     assert code == 1, output[-3000:]
