@@ -9,7 +9,11 @@ calls of that layer (every interval on every graph server) runs the real functio
   acknowledged the gradient, before the rows are pushed;
 * ``raise_after_gradient``: the rows push fails there instead (a function error);
 * ``rows_without_gradient``: the rows are pushed and acknowledged, the gradient never leaves the
-  function, and the call fails (as a timeout on the gradient's acknowledgement would).
+  function, and the call fails (as a timeout on the gradient's acknowledgement would);
+* ``late_rows``: the gradient is pushed, the rows are held back and the call fails; the rows, each
+  plus one, are pushed late, while the next epoch's call of the same stage and interval is in
+  progress (that call waits for the late push's answer, which is written to
+  ``$DORYLUS_TEST_MARKERS/late-<part>-<interval>``: the graph server must drop it as a duplicate).
 
 Relaunches and every other call run the real function untouched."""
 
@@ -17,9 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from pathlib import Path
 
+import zmq
+
+from dorylus import protocol, sockets
 from dorylus.protocol import Op
 from lambdas import handler as function
+
+WAIT_S = 60.0  # for the other half of late_rows; a test that sees no answer file fails
 
 
 class _Answered:
@@ -55,10 +67,67 @@ def _fail():
     raise function.FunctionTaskError("injected: the rows push to the graph server failed")
 
 
+class _HeldRows:
+    """The connection to the graph server, with the rows push kept back: ``rows`` has them."""
+
+    def __init__(self, peer):
+        self.peer, self.rows = peer, None
+
+    def send(self, header, tensors=()):
+        if header.op is not Op.PUSH:
+            return self.peer.send(header, tensors)
+        self.rows = (header, [t + 1 for t in tensors])
+        return _Answered(None)
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _push_late(event, header, rows) -> None:
+    """Once the next epoch's call is in progress, push ``rows`` on a connection of our own and
+    write the answer where that call (and the test) read it."""
+    markers, where = Path(os.environ["DORYLUS_TEST_MARKERS"]), f"{event['part']}-{event['interval']}"
+    _wait_for(markers / f"next-{where}")
+    socket = sockets.client_socket(zmq.Context.instance(), event["graph_server"], keys=None,
+                                   server_role="graphserver", max_bytes=function.DEFAULT_MAX_BYTES)
+    try:
+        protocol.send(socket, header, rows)
+        reply, _ = protocol.recv(socket, timeout=WAIT_S)
+        answer = {"op": reply.op.value, "epoch": header.epoch, **reply.meta}
+    except TimeoutError:
+        answer = {"op": None}
+    finally:
+        socket.close(linger=0)
+    (markers / f"late-{where}.tmp").write_text(json.dumps(answer))
+    (markers / f"late-{where}.tmp").rename(markers / f"late-{where}")
+
+
+def _late_rows(event, context):
+    graph = function._peer(event["graph_server"], "graph server", context)
+    params = function._peer(event["param_server"], "parameter server", context)
+    graph.link = params.link = function._Link(None)
+    held = _HeldRows(graph)
+    function.run_task(event, held, _Params(params, after_ack=lambda: None))
+    threading.Thread(target=_push_late, args=(event, *held.rows), daemon=True).start()
+    raise function.FunctionTaskError("injected: the rows push is late")
+
+
 def handler(event, context=None):
-    how, layer = json.loads(os.environ["DORYLUS_TEST_PLAN"]).get(str(event["epoch"]), (None, None))
+    plan = json.loads(os.environ["DORYLUS_TEST_PLAN"])
+    how, layer = plan.get(str(event["epoch"]), (None, None))
+    before = plan.get(str(event["epoch"] - 1), (None, None))
+    if before[0] == "late_rows" and event["task"] == "AV_BWD" and event["layer"] == before[1]:
+        # the next epoch's call: in progress at the graph server while the late push arrives
+        markers, where = Path(os.environ["DORYLUS_TEST_MARKERS"]), f"{event['part']}-{event['interval']}"
+        (markers / f"next-{where}").touch()
+        _wait_for(markers / f"late-{where}")
     if how is None or event["task"] != "AV_BWD" or event["layer"] != layer or event.get("attempt", 0):
         return function.handler(event, context)
+    if how == "late_rows":
+        return _late_rows(event, context)
     graph = function._peer(event["graph_server"], "graph server", context)
     params = function._peer(event["param_server"], "parameter server", context)
     graph.link = params.link = function._Link(None)

@@ -226,6 +226,7 @@ BETWEEN_PUSHES = {
     3: ("crash_after_gradient", 0),  # the four gradients complete epoch 3, stepped before any relaunch
     4: ("rows_without_gradient", 1),  # rows in, the gradient still owed
     5: ("raise_after_gradient", 0),
+    6: ("late_rows", 1),  # the rows come after the call's, while epoch 7's call of the stage runs
 }
 
 
@@ -235,8 +236,11 @@ def test_calls_that_fail_between_their_two_pushes(tmp_path, monkeypatch, fallbac
     """Every gradient is applied exactly once and every row written, wherever between its pushes
     a call failed: the sync run equals the single-process reference epoch by epoch."""
     monkeypatch.setenv("DORYLUS_TEST_PLAN", json.dumps(BETWEEN_PUSHES))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("DORYLUS_TEST_MARKERS", str(markers))
     graph = random_graph(num_nodes=60, num_edges=200)
-    epochs = 6
+    epochs = 8  # two after the late push: rows it overwrote would change epoch 8's loss
     reference = run_training(TrainConfig(backend="reference", epochs=epochs, hidden=4,
                                          run_dir=str(tmp_path / "reference")), graph, progress=io.StringIO())
     config = TrainConfig(backend="lambda", parts=2, intervals=2, functions=2, epochs=epochs, hidden=4,
@@ -262,3 +266,6 @@ def test_calls_that_fail_between_their_two_pushes(tmp_path, monkeypatch, fallbac
         else:  # a relaunch that found the epoch stepped (the call that completed it at least) is
             # refused once (StashReleased) and settled by its graph server
             assert 1 <= fallbacks <= 4 and m["failed_calls"] == 4 + fallbacks, m
+    late = {path.name: json.loads(path.read_text()) for path in markers.glob("late-*")}
+    assert late == {f"late-{part}-{interval}": {"op": "ACK", "epoch": 6, "duplicate": True}
+                    for part in range(2) for interval in range(2)}  # dropped, not taken for epoch 7's call
