@@ -145,12 +145,14 @@ class WorkerPool:
         self._spawned = 0
         try:
             started = [self._spawn() for _ in range(size)]
-            give_up = time.monotonic() + start_timeout_s
+            # Each worker gets the whole timeout after the one before it is ready: they start
+            # together, so on a loaded machine the last is ready soon after the first, while one
+            # budget for all (60 s) ran out at load 20 with workers still making progress.
             for worker in started:
-                if not worker.wait_ready(max(0.0, give_up - time.monotonic())):
+                if not worker.wait_ready(start_timeout_s):
                     raise DorylusError(
                         f"lambda emulator: worker process {worker.process.name} did not start "
-                        f"within {start_timeout_s:g} s (exit code {worker.process.exitcode})")
+                        f"within {start_timeout_s:g} s of the one before it (exit code {worker.process.exitcode})")
         except BaseException:
             self.close()
             raise
