@@ -4,10 +4,13 @@ keys and the message limit) speaking :mod:`dorylus.protocol`.
 
 Both share the rules:
 
-* Every request gets a fresh ``req`` (unique in the process) and the reply must carry it. One
-  request is in flight per peer: a request that timed out may still be answered later, and
-  that late reply would otherwise be taken as the answer to the next request. Replies whose
-  ``req`` is not the awaited one are dropped, logged and counted (``stale_replies``).
+* Every request gets a fresh ``req`` (unique in the process) and the reply must carry it: a
+  request that timed out may still be answered later, and that late reply would otherwise be
+  taken as the answer to the next request. A reply to a request that is not waited for any
+  more (it timed out, its wait was stopped, or it is one of more than :data:`MAX_UNANSWERED`
+  left unanswered) is dropped, logged and counted (``stale_replies``). A reply that arrives
+  while another request's is awaited is kept for its own wait (a :class:`Peer` may have
+  several requests in flight; an :class:`AsyncPeer` has one at a time).
 * An ERROR reply raises :class:`Refused`, whose ``code`` is the reply's (``epoch_ahead``,
   ``bad_field``, ...); no reply within the timeout raises :class:`NoReply`. Both are
   :class:`PeerError`. A reply that is not a valid message raises ``ProtocolError`` as
@@ -49,6 +52,9 @@ logger = logging.getLogger(__name__)
 _request_ids = itertools.count(1)
 # How often a blocking wait with ``on_wait`` wakes up to call it.
 WAIT_TICK_S = 0.05
+# Requests sent and neither answered nor given up that a peer keeps, the oldest forgotten
+# first: a request nobody waits for (SHUTDOWN at the end) must not hold its reply forever.
+MAX_UNANSWERED = 64
 
 
 class PeerError(RuntimeError):
@@ -85,28 +91,35 @@ class _Connection:
         self.physics = physics if physics is not None and physics.network else None
         self.bytes_out = 0  # tensor bytes sent, for the callers' traffic counts
         self.stale_replies = 0
-        self.awaited: int | None = None  # the req whose reply is wanted
+        # req -> its reply once it came (None before): the requests still waited for, oldest first
+        self.unanswered: dict[int, Reply | None] = {}
 
     def _stamp(self, header: Header, tensors: Sequence[np.ndarray]) -> tuple[Header, list[Any], int]:
         header = dataclasses.replace(header, req=next(_request_ids))
         nbytes = sum(np.asarray(t).nbytes for t in tensors)
         self.bytes_out += nbytes
-        self.awaited = header.req
+        self.unanswered[header.req] = None
+        while len(self.unanswered) > MAX_UNANSWERED:
+            del self.unanswered[next(iter(self.unanswered))]
         return header, protocol.encode(header, tensors), nbytes
 
-    def _match(self, frames: list[Any]) -> Reply | None:
-        """The decoded reply if it answers the awaited request; None (dropped, counted) if not."""
+    def _file(self, frames: list[Any]) -> None:
+        """Keep a received reply for the request it answers, or drop and count it."""
         reply, arrays = protocol.decode(frames)
-        if reply.req == self.awaited:
-            return reply, arrays
+        if reply.req in self.unanswered and self.unanswered[reply.req] is None:
+            self.unanswered[reply.req] = (reply, arrays)
+            return
         self.stale_replies += 1
-        logger.info("dropped a late %s reply from %s to request %s (awaiting %s): that request had given up "
-                    "waiting for it", reply.op.value, self.what, reply.req, self.awaited)
-        return None
+        logger.info("dropped a late %s reply from %s to request %s: that request had given up waiting for it",
+                    reply.op.value, self.what, reply.req)
+
+    def _answer(self, header: Header) -> Reply | None:
+        """The reply to ``header``'s request if it came (it is then no longer waited for)."""
+        if self.unanswered.get(header.req) is None:
+            return None
+        return self.unanswered.pop(header.req)
 
     def _result(self, header: Header, reply: Header, arrays: list[np.ndarray]) -> Reply:
-        if self.awaited == header.req:  # answered (an AsyncPeer's next request may be in flight already)
-            self.awaited = None
         if reply.op is Op.ERROR:
             raise self.refused(f"{self.what} refused {header.op.value}: {reply.code}: {reply.message}", reply.code,
                                reply.message)
@@ -131,25 +144,26 @@ class Pending:
         every :data:`WAIT_TICK_S` while waiting and may raise to stop waiting (the
         coordinator's watchdog)."""
         peer, header = self.peer, self.header
-        if peer.awaited != header.req:
-            raise RuntimeError(f"{peer.what}: request {header.req} ({header.op.value}) is not the one in flight: "
-                               f"a later request on the same peer replaced it, or it was answered already")
+        if header.req not in peer.unanswered:
+            raise RuntimeError(f"{peer.what}: request {header.req} ({header.op.value}) is not waited for: it was "
+                               f"answered, given up, or forgotten (more than {MAX_UNANSWERED} unanswered)")
         deadline = None if timeout is None else self.sent_at + timeout
-        while True:
-            wait = WAIT_TICK_S if on_wait is not None else None
-            if deadline is not None:
-                left = max(0.0, deadline - time.monotonic())
-                wait = left if wait is None else min(wait, left)
-            if peer.socket.poll(None if wait is None else math.ceil(wait * 1000), zmq.POLLIN):
-                matched = peer._match(peer.socket.recv_multipart(copy=False))
-                if matched is not None:
-                    break
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
-                raise peer._timed_out(header, timeout)
-            if on_wait is not None:
-                on_wait()
-        reply, arrays = matched
+        try:
+            while (answer := peer._answer(header)) is None:
+                wait = WAIT_TICK_S if on_wait is not None else None
+                if deadline is not None:
+                    left = max(0.0, deadline - time.monotonic())
+                    wait = left if wait is None else min(wait, left)
+                if peer.socket.poll(None if wait is None else math.ceil(wait * 1000), zmq.POLLIN):
+                    peer._file(peer.socket.recv_multipart(copy=False))
+                elif deadline is not None and time.monotonic() >= deadline:
+                    raise peer._timed_out(header, timeout)
+                elif on_wait is not None:
+                    on_wait()
+        except BaseException:
+            peer.unanswered.pop(header.req, None)  # given up: a reply that still comes is stale
+            raise
+        reply, arrays = answer
         if peer.physics is not None:
             time.sleep(peer.physics.transfer_s(sum(a.nbytes for a in arrays)))
         return peer._result(header, reply, arrays)
@@ -157,9 +171,8 @@ class Pending:
 
 class Peer(_Connection):
     """A blocking connection to a server: :meth:`send` then the returned :class:`Pending`'s
-    ``reply()`` (so that requests to several peers overlap), or :meth:`request` for both.
-    A new request on the same peer replaces the one in flight, whose reply is then dropped.
-    Not thread-safe: one thread per peer."""
+    ``reply()`` (so that requests to several peers, or several to one, overlap), or
+    :meth:`request` for both. Not thread-safe: one thread per peer."""
 
     def send(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> Pending:
         header, frames, nbytes = self._stamp(header, tensors)
@@ -185,18 +198,20 @@ class AsyncPeer(_Connection):
     async def request(self, header: Header, tensors: Sequence[np.ndarray] = (), *, timeout: float) -> Reply:
         async with self.lock:
             header, frames, nbytes = self._stamp(header, tensors)
-            if self.physics is not None:  # the request holds its link while its bytes are on it
-                await asyncio.sleep(self.physics.transfer_s(nbytes))
-            await self.socket.send_multipart(frames, copy=False)
-            deadline = time.monotonic() + timeout
-            while True:
-                left = max(0.0, deadline - time.monotonic())
-                if not await self.socket.poll(math.ceil(left * 1000), zmq.POLLIN):
-                    raise self._timed_out(header, timeout)
-                matched = self._match(await self.socket.recv_multipart(copy=False))
-                if matched is not None:
-                    break
-        reply, arrays = matched
+            try:
+                if self.physics is not None:  # the request holds its link while its bytes are on it
+                    await asyncio.sleep(self.physics.transfer_s(nbytes))
+                await self.socket.send_multipart(frames, copy=False)
+                deadline = time.monotonic() + timeout
+                while (answer := self._answer(header)) is None:
+                    left = max(0.0, deadline - time.monotonic())
+                    if not await self.socket.poll(math.ceil(left * 1000), zmq.POLLIN):
+                        raise self._timed_out(header, timeout)
+                    self._file(await self.socket.recv_multipart(copy=False))
+            except BaseException:  # timed out or cancelled: a reply that still comes is stale
+                self.unanswered.pop(header.req, None)
+                raise
+        reply, arrays = answer
         if self.physics is not None:  # the reply comes back the other way: the next request may go out
             await asyncio.sleep(self.physics.transfer_s(sum(a.nbytes for a in arrays)))
         return self._result(header, reply, arrays)
