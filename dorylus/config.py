@@ -204,8 +204,10 @@ class _Config:
                                         "ZeroMQ drop the connection. Default: per receiver, twice the largest "
                                         "legitimate frame (its partition's rows x widest buffer; the largest "
                                         "weight) plus 64 KB, at least 1 MB")
-    max_recoveries: int = _opt(3, "local mode: times a run restarts its roles by itself after one died (a graph "
-                               "server or the parameter server exited, e.g. SIGKILL or out of memory) and goes on "
+    max_recoveries: int = _opt(3, "times a run recovers by itself after one of its roles died (a graph "
+                               "server or the parameter server exited, e.g. SIGKILL or out of memory: local mode "
+                               "restarts it, cluster mode waits for it at its address up to the cluster file's "
+                               "recovery_wait_s) and goes on "
                                "from the state after the last finished epoch; a role that dies again within the "
                                f"same epoch, or one death more, stops the run with a checkpoint. 0 to "
                                f"{MAX_RECOVERIES}; 0: every death stops the run")

@@ -554,7 +554,8 @@ class DistributedTrainer:
 
     @property
     def can_recover(self) -> bool:
-        """Whether the roles can be restarted by the coordinator (local mode)."""
+        """Whether the cluster can bring its roles back (local mode restarts them; cluster mode
+        waits for them at their addresses)."""
         return hasattr(self.cluster, "restart")
 
     def recover(self, latest) -> None:
