@@ -47,8 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Unique per process, so that a late reply can never match a later request of another peer's
-# either (and logs name one request unambiguously).
+# Unique in the process, so that a log line's request id names one request.
 _request_ids = itertools.count(1)
 # How often a blocking wait with ``on_wait`` wakes up to call it.
 WAIT_TICK_S = 0.05
