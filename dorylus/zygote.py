@@ -308,7 +308,7 @@ def stop_shared() -> None:
 # torch._dynamo (2.7 CPU-s, as much as torch itself), a graph server's Lambda client aiobotocore.
 PRELOAD = ("numpy", "numpy.ma", "torch", "torch._dynamo", "numba", "zmq", "zmq.asyncio", "asyncio", "uuid",
            "aiobotocore.session", "dorylus.spot", *ROLE_MODULES, "graphserver.invoker", "graphserver.scheduler",
-           "dorylus.models._kernels_numba")
+           "dorylus.models._kernels_numba", "dorylus.models._dropout_numba")
 
 
 def _preload() -> None:
@@ -326,6 +326,9 @@ def _preload() -> None:
     indptr, indices = np.zeros(2, np.int64), np.zeros(0, np.int32)
     _kernels_numba.transpose_fill(indptr, indices, np.zeros(2, np.int64), np.zeros(0, np.int32),
                                   np.zeros(0, np.int32))
+    from dorylus.models import _dropout_numba  # serial too: a role's first large dropout is then ready
+
+    _dropout_numba.dropped(np.ones((1, 4), np.float32), np.zeros(1), (0, 0, 0), 0.5)
 
 
 def _threads() -> int:
