@@ -34,8 +34,6 @@ module's logger says INFO itself, since Lambda leaves the root at WARNING.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -43,19 +41,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import zmq
 
-from dorylus import curve, protocol, sockets
+from dorylus import curve, protocol
 from dorylus.models import get_model
 from dorylus.models.base import STATIC
 from dorylus.models.sparse import SparseRows
+from dorylus.peer import NoReply, Peer, Pending, Refused
 from dorylus.protocol import CsrRows, Header, Op
 
 logger = logging.getLogger(__name__)
 logger.setLevel(logging.INFO)
+logging.getLogger("dorylus.peer").setLevel(logging.INFO)  # its "dropped a late reply" records too
 
 # Never wait on a server longer than this, nor past the function's own deadline.
 MAX_WAIT_S = 120.0
 _DEADLINE_MARGIN_MS = 500
-_request_ids = itertools.count(1)
 # (run, part, interval, name) -> rows, least recently used first, for as long as the container
 # is warm; at most a quarter of the function's memory (:func:`_cache_put`). ``run`` is the graph
 # server's token, new with every graph server process, so rows of another server, store or
@@ -92,51 +91,39 @@ class _Link:
 
 
 class _Pending:
-    """A request sent and not yet answered: :meth:`reply` waits for its answer."""
+    """A request sent and not yet answered: :meth:`reply` waits for its answer within the
+    call's deadline, then holds the call's link for the bytes both ways."""
 
-    def __init__(self, peer: "_Peer", header: Header, sent_bytes: int):
-        self.peer, self.header, self.sent_bytes = peer, header, sent_bytes
-        self.started = time.monotonic()
+    def __init__(self, peer: "_Peer", pending: Pending):
+        self.peer, self.pending = peer, pending
 
     def reply(self) -> tuple[Header, list[np.ndarray]]:
-        peer, header = self.peer, self.header
-        deadline = self.started + peer._timeout()
-        while True:
-            try:
-                reply, arrays = protocol.recv(peer.socket, timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise FunctionTaskError(f"{peer.what} did not answer {header.op.value}") from None
-            if reply.req == header.req:
-                break
-            logger.info("dropped a late %s reply from %s to request %d: an earlier call gave up waiting for it",
-                        reply.op.value, peer.what, reply.req)
-        if reply.op is Op.ERROR:
-            refused = (StashReleased if header.op is Op.PULL_WEIGHTS and header.meta.get("weights") == "stash"
-                       and reply.code == "out_of_range" else FunctionTaskError)
-            raise refused(f"{peer.what} refused {header.op.value}: {reply.code}: {reply.message}")
-        peer.link.hold(self.started, self.sent_bytes + sum(a.nbytes for a in arrays))
+        header = self.pending.header
+        try:
+            reply, arrays = self.pending.reply(self.peer._timeout())
+        except Refused as exc:
+            stash = header.op is Op.PULL_WEIGHTS and header.meta.get("weights") == "stash"
+            raise (StashReleased if stash and exc.code == "out_of_range" else FunctionTaskError)(str(exc)) from None
+        except NoReply as exc:
+            raise FunctionTaskError(str(exc)) from None
+        self.peer.link.hold(self.pending.sent_at, self.pending.nbytes_out + sum(a.nbytes for a in arrays))
         return reply, arrays
 
 
-class _Peer:
-    """A DEALER connection with one request in flight at a time (:meth:`send`, then the pending
-    request's ``reply()``) and a deadline on every wait. A call sends to its two peers before it
-    waits for either, so the graph server's and the parameter server's round trips overlap."""
+class _Peer(Peer):
+    """A connection of a warm container (:class:`dorylus.peer.Peer`), whose waits end by the
+    call's deadline (``context``) and whose transfers share the call's link. A call sends to
+    its two peers before it waits for either, so the two round trips overlap."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, what: str, context: Any,
                  keys: curve.Keyring | None = None):
-        self.socket = sockets.client_socket(ctx, endpoint, keys=keys, server_role=_SERVER_ROLES[what],
-                                            max_bytes=_max_bytes(context))
-        self.keys = keys
-        self.what = f"{what} {endpoint}"
+        super().__init__(ctx, endpoint, what, server_role=_SERVER_ROLES[what], keys=keys,
+                         max_bytes=_max_bytes(context))
         self.context = context
         self.link = _Link(None)
 
     def send(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> _Pending:
-        header = dataclasses.replace(header, req=next(_request_ids))
-        pending = _Pending(self, header, sum(np.asarray(t).nbytes for t in tensors))
-        protocol.send(self.socket, header, tensors)
-        return pending
+        return _Pending(self, super().send(header, tensors))
 
     def request(self, header: Header, tensors: Sequence[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:
         return self.send(header, tensors).reply()
@@ -146,9 +133,6 @@ class _Peer:
         if remaining is None:
             return MAX_WAIT_S
         return max(0.1, min(MAX_WAIT_S, (remaining() - _DEADLINE_MARGIN_MS) / 1000))
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
 
 
 def task_header(op: Op, event: dict[str, Any], **fields: Any) -> Header:
