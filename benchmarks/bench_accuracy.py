@@ -40,7 +40,7 @@ from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
 from dorylus.models.reference import accuracy
 from dorylus.models.sparse import to_dense
-from dorylus.training import prepare_graph, run_training
+from dorylus.coordinator.training import prepare_graph, run_training
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz"

@@ -1,7 +1,7 @@
 """Epoch time, dollars and value of the reference, cpu and lambda backends on the same job.
 
 Every backend trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
-recipe) on the same dataset through ``dorylus.training.run_training``, each in a fresh run
+recipe) on the same dataset through ``dorylus.coordinator.training.run_training``, each in a fresh run
 directory under a temp dir; the distributed backends partition the dataset (METIS, ``--parts``
 graph servers, ``--intervals`` each) before their first epoch, outside the timed
 epochs. The numbers come from each run's ``metrics.jsonl``; the first ``--warmup`` epochs are
@@ -50,7 +50,7 @@ from dorylus.cost import value
 from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -50,7 +50,7 @@ from dorylus.data.graph import GraphDataset
 from dorylus.data.synthetic import SyntheticSpec, generate
 from dorylus.errors import DorylusError
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"

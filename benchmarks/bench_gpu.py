@@ -59,7 +59,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.normalize import gcn_normalize, row_normalize
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from graphserver.backends.gpu_device import set_tf32
 from common import machine_info, positive_int, write_json
 

@@ -49,7 +49,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.models.sparse import to_dense
 from dorylus.models.spec import ModelSpec
 from dorylus.runs import read_metrics
-from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, run_training
+from dorylus.coordinator.training import PreparedGraph, ReferenceTrainer, prepare_graph, run_training
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARITY_TOLERANCE = 1e-4  # max |logit difference| at init: float32 sums in another order

@@ -7,7 +7,7 @@ least 30K vertices). The verdict is printed and stored; it does not change the e
 Every mode trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
 recipe; backend ``lambda`` through the local emulator (``--backend``), ``--aws-like`` physics on
 unless ``--no-aws-like``: Lambda's figures and EC2's network and compute jitter between graph
-servers) through ``dorylus.training.run_training``, each in a fresh run directory under a temp
+servers) through ``dorylus.coordinator.training.run_training``, each in a fresh run directory under a temp
 dir. Each dataset (``--dataset``, repeatable; default ``synthetic-1m``, 64K vertices, and Cora) is
 partitioned once (METIS, ``--parts`` graph servers) into one partition store before any mode runs,
 outside every timing, and every mode trains on that store (``TrainConfig.partitions``). Modes
@@ -59,7 +59,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -35,7 +35,7 @@ from dorylus.errors import DorylusError
 from dorylus.plan.calibration import Calibration
 from dorylus.plan.runtime import measure
 from dorylus.plan.planner import measured_epoch_s, plan_local, run_options
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -53,7 +53,7 @@ from dorylus.errors import DorylusError
 from dorylus.models.reference import accuracy
 from dorylus.models.sparse import to_dense
 from dorylus.models.spec import ModelSpec
-from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph, summarize
+from dorylus.coordinator.training import PreparedGraph, ReferenceTrainer, prepare_graph, summarize
 from common import positive_int, write_json
 
 CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz"  # ../shared/data beside the checkout

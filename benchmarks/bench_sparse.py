@@ -53,7 +53,7 @@ from dorylus.data.synthetic import SyntheticSpec, generate
 from dorylus.models import gcn
 from dorylus.models.sparse import SparseRows
 from dorylus.models.spec import ModelSpec
-from dorylus.training import PreparedGraph, ReferenceTrainer, prepare_graph
+from dorylus.coordinator.training import PreparedGraph, ReferenceTrainer, prepare_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARITY_TOLERANCE = 1e-4  # max |logit difference| at init: float32 sums in another order

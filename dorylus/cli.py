@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_or_resume(args: argparse.Namespace) -> dict:
     from dorylus.config import config_from_args, overrides_from_args
     from dorylus.data.loaders import open_edge_stream
-    from dorylus.training import ClusterArgs, check_new_run, resume_training, run_cluster_training, run_training
+    from dorylus.coordinator.training import ClusterArgs, check_new_run, resume_training, run_cluster_training, run_training
 
     cluster = None
     if args.cluster:

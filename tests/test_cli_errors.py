@@ -163,7 +163,7 @@ def _mapped(pid: int, library: str) -> bool:
 
 
 # Interrupt while the parser's modules import (numpy: before the command runs) and while the
-# command's own imports run (libzmq: dorylus.coordinator's first, aiohttp's import follows; train
+# command's own imports run (libzmq: dorylus.coordinator.local's first, aiohttp's import follows; train
 # imports torch only for the reference backend or a checkpoint). Waiting for the library to be
 # mapped, rather than a fixed delay, puts the signal inside the import phase even on a loaded machine.
 @pytest.mark.parametrize("library", ["_multiarray_umath", "libzmq"])

@@ -14,7 +14,7 @@ from dorylus.cost import (
 )
 from dorylus.errors import ConfigError
 from dorylus.runs import EpochProgress, read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 
 

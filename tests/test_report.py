@@ -16,7 +16,7 @@ from dorylus.cli import main
 from dorylus.config import TrainConfig
 from dorylus.report import PLOTS, load_run, write_report
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

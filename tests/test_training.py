@@ -10,7 +10,7 @@ from dorylus.config import TrainConfig
 from dorylus.data.loaders import save_npz
 from dorylus.errors import ConfigError
 from dorylus.runs import EpochProgress, read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 
 EPOCH_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s"}

@@ -6,7 +6,7 @@ PARALLEL_EFFICIENCY`` times as fast as one (sparse and dense kernels stop scalin
 they saturate memory bandwidth; an assumption, not a measurement):
 
 * local: every role is a process on this machine's ``cores``. A graph server gets ``cores //
-  parts`` threads (as :class:`dorylus.coordinator.LocalCluster` gives it), or a ``cores /
+  parts`` threads (as :class:`dorylus.coordinator.local.LocalCluster` gives it), or a ``cores /
   parts`` share when there are more servers than cores; the emulator's functions share the
   cores with each other (``parts * functions`` calls at once); the graph servers gather at once
   through one last-level cache, so each Gather is priced at the operands of all of them

@@ -72,7 +72,7 @@ def measured_run(backend: str, dataset, run_dir: Path, epochs: int = EPOCHS) -> 
     servers, 2 intervals); the median epoch after the first."""
     from dorylus.config import TrainConfig
     from dorylus.runs import read_metrics
-    from dorylus.training import run_training
+    from dorylus.coordinator.training import run_training
 
     config = TrainConfig(dataset=dataset.name, backend=backend, parts=2, intervals=2, epochs=epochs,
                          checkpoint_every=epochs, run_dir=str(run_dir))

@@ -1,5 +1,5 @@
 """The ``reference`` backend: the whole graph trained in the coordinator's process with PyTorch
-autograd (:class:`dorylus.training.ReferenceTrainer` over :mod:`dorylus.models.reference`), the
+autograd (:class:`dorylus.coordinator.training.ReferenceTrainer` over :mod:`dorylus.models.reference`), the
 oracle every other backend is tested against. No graph server, no partition store, no parameter
 server, so no cluster mode; priced as one graph-server machine."""
 

@@ -157,7 +157,7 @@ def test_cora_trains_in_cluster_mode_like_local_mode(deployed):
         f"&& echo METRICS && cat {run}/metrics.jsonl"), TRAIN_S)
     remote = [json.loads(line) for line in out.split("METRICS", 1)[1].strip().splitlines()]
 
-    from dorylus.training import run_training
+    from dorylus.coordinator.training import run_training
 
     local = work / "local"
     config = TrainConfig.from_dict({**TRAIN_CONFIG, "epochs": EPOCHS, "partitions": str(store), "run_dir": str(local)})

@@ -16,12 +16,13 @@ import zmq
 
 from dorylus import protocol
 from dorylus.config import TrainConfig
-from dorylus.coordinator import ClusterError, LocalCluster
+from dorylus.coordinator.errors import ClusterError
+from dorylus.coordinator.local import LocalCluster
 from dorylus.data.loaders import save_npz
 from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.protocol import Header, Op
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 from tests.processes import alive, children_of, wait_gone
 

@@ -27,7 +27,7 @@ from dorylus.cli import main as cli_main
 from dorylus.config import TrainConfig
 from dorylus.protocol import Header, Op
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.distributed.cluster_env import REPO, ask, make_env
 from tests.graphs import random_graph
 

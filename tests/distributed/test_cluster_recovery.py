@@ -19,9 +19,9 @@ import pytest
 import zmq
 
 from dorylus.config import TrainConfig
-from dorylus.coordinator import RoleDied
+from dorylus.coordinator.errors import RoleDied
 from dorylus.data.loaders import load_dataset
-from dorylus.remote import HeartbeatWatchdog, RemoteRole
+from dorylus.coordinator.remote import HeartbeatWatchdog, RemoteRole
 from dorylus.runs import read_metrics
 from tests.distributed.background import EPOCHS, assert_same_epochs
 from tests.distributed.cluster_env import REPO, ClusterEnv, make_env

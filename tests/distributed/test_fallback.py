@@ -17,7 +17,7 @@ from dorylus.cli import main as cli_main
 from dorylus.config import TrainConfig
 from dorylus.emulator import serve
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from graphserver.backends.serverless import LambdaBackend
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed
 from tests.graphs import random_graph

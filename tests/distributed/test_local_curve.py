@@ -11,7 +11,7 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 
 

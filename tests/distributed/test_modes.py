@@ -16,7 +16,7 @@ import pytest
 
 from dorylus.config import TrainConfig
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 
 LAYERS = 2
 

@@ -14,7 +14,7 @@ import pytest
 from dorylus.config import TrainConfig
 from dorylus.partition import open_store
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 
 EPOCHS = 4
 

@@ -22,7 +22,7 @@ from dorylus.data.loaders import load_dataset
 from dorylus.models import get_model
 from dorylus.models.spec import ModelSpec
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 
 EPOCHS = 30  # the slow matrix
 # The default suite's cases: epoch 1 checks the forward pass, epoch 2 the first update (every

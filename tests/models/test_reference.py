@@ -7,7 +7,7 @@ from dorylus.masks import keep_mask
 from dorylus.models.reference import aggregate, whole_graph
 from dorylus.models.spec import ModelSpec
 from dorylus.normalize import gcn_normalize
-from dorylus.training import ReferenceTrainer, prepare_graph
+from dorylus.coordinator.training import ReferenceTrainer, prepare_graph
 from tests.graphs import random_graph
 
 

@@ -264,7 +264,7 @@ def test_train_partitions_with_a_streaming_method_and_equals_the_reference(tmp_p
     from dorylus.config import TrainConfig
     from dorylus.data.synthetic import SyntheticSpec, generate
     from dorylus.runs import read_metrics
-    from dorylus.training import run_training
+    from dorylus.coordinator.training import run_training
 
     data = generate(SyntheticSpec(name="tiny", num_nodes=600, num_edges=6000, num_features=12, num_classes=3), seed=1)
     base = TrainConfig(dataset="tiny", epochs=3, intervals=2, seed=2)

@@ -14,7 +14,7 @@ from dorylus.config import TrainConfig
 from dorylus.plan import command
 from dorylus.plan.calibration import Calibration
 from dorylus.runs import read_metrics
-from dorylus.training import run_training
+from dorylus.coordinator.training import run_training
 from tests.graphs import random_graph
 from tests.plan.handmade import RATES
 

@@ -1,6 +1,6 @@
 """Cluster mode: the coordinator's side of a run on servers that are already running.
 
-``dorylus train --cluster FILE`` reads the cluster file (:mod:`dorylus.clusterfile`), finds the
+``dorylus train --cluster FILE`` reads the cluster file (:mod:`dorylus.coordinator.clusterfile`), finds the
 coordinator's CURVE keys (:func:`coordinator_keys`) and the store's ``meta.json``
 (:func:`remote_store`), then :class:`RemoteCluster` dials the parameter server and the graph
 servers named in the file. They may still be starting (systemd restarts them after each run,
@@ -17,7 +17,7 @@ end the coordinator stops them (SHUTDOWN, which only its key may send): their se
 starts them afresh for the next run, as the Terraform module's systemd units do.
 
 A role that dies mid-run (its connection closes, or it answers no heartbeat for
-``--watchdog-min-s``) raises :class:`~dorylus.coordinator.RoleDied`, and the training loop
+``--watchdog-min-s``) raises :class:`~dorylus.coordinator.errors.RoleDied`, and the training loop
 recovers as in local mode (:meth:`RemoteCluster.restart`): the coordinator greets every address
 again for up to the cluster file's ``recovery_wait_s``, stopping the roles that survived (they
 hold this run's state) so that their service manager starts them afresh, and waiting for the
@@ -38,9 +38,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from dorylus import curve
-from dorylus.clusterfile import ClusterSpec
+from dorylus.coordinator.clusterfile import ClusterSpec
 from dorylus.config import TrainConfig, server_view
-from dorylus.coordinator import Cluster, ClusterError, RoleDied, Watchdog
+from dorylus.coordinator.cluster import Cluster
+from dorylus.coordinator.errors import ClusterError, RoleDied
+from dorylus.coordinator.watchdog import Watchdog
 from dorylus.errors import ConfigError
 from dorylus.partition import PartitionStore, StoreMeta
 from dorylus.peer import Peer, PeerError, Pending
@@ -130,7 +132,7 @@ def differing_fields(ours: TrainConfig, theirs: dict[str, Any]) -> list[str]:
 class HeartbeatWatchdog(Watchdog):
     """Cluster mode's watchdog: a role that answers no heartbeat within the bound is taken as gone
     (its host may have vanished without closing its connections: a spot instance taken back), so
-    the training loop may recover (:class:`~dorylus.coordinator.RoleDied`). If it was only stalled,
+    the training loop may recover (:class:`~dorylus.coordinator.errors.RoleDied`). If it was only stalled,
     the recovery's greeting stops it once it answers, and its service manager starts it afresh."""
 
     def check_heartbeats(self, doing: str, bound_s: float | None = None) -> None:
@@ -194,7 +196,7 @@ class RemoteCluster(Cluster):
         self.started = True
 
     def restart(self) -> None:
-        """Recovery (:meth:`dorylus.coordinator.DistributedTrainer.recover`): new sockets, so that
+        """Recovery (:meth:`dorylus.coordinator.trainer.DistributedTrainer.recover`): new sockets, so that
         nothing queued for the dead role reaches its replacement, then the greeting of
         :meth:`start` for up to the cluster file's ``recovery_wait_s``: the roles that survived
         hold this run's state and are stopped (their service manager starts them afresh), the

@@ -13,7 +13,8 @@ from typing import IO, Any
 import numpy as np
 
 from dorylus.config import TrainConfig
-from dorylus.coordinator import ClusterError, DistributedTrainer, RoleDied
+from dorylus.coordinator.errors import ClusterError, RoleDied
+from dorylus.coordinator.trainer import DistributedTrainer
 from dorylus.cost import Pricing, epoch_metrics, value
 from dorylus.data.graph import GraphDataset
 from dorylus.data.loaders import EdgeStream
@@ -233,8 +234,8 @@ class ClusterArgs:
 def _open_cluster(config: TrainConfig, where: ClusterArgs):
     """``(config, cluster)`` for a cluster-mode run: the file, keys and store checked, the
     config bound to the cluster's store. The cluster is not started yet."""
-    from dorylus.clusterfile import load_cluster_file
-    from dorylus.remote import RemoteCluster, coordinator_keys, remote_store
+    from dorylus.coordinator.clusterfile import load_cluster_file
+    from dorylus.coordinator.remote import RemoteCluster, coordinator_keys, remote_store
 
     spec = load_cluster_file(where.file)
     if not where.wait_s > 0:
@@ -262,7 +263,7 @@ def _open_cluster(config: TrainConfig, where: ClusterArgs):
 
 def run_cluster_training(config: TrainConfig, where: ClusterArgs, progress: IO[str] | None = None) -> dict[str, Any]:
     """Train with ``config`` on the running servers of a cluster file (cluster mode, see
-    :mod:`dorylus.remote`), writing a new run directory. Everything is checked first: the
+    :mod:`dorylus.coordinator.remote`), writing a new run directory. Everything is checked first: the
     file, the keys, the store, and (once they answer) the servers' parts, store and config;
     nothing is written until they all agree."""
     config, cluster = _open_cluster(config, where)
@@ -345,7 +346,7 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
     """Open the run directory, build the trainer of ``config.backend`` and train. ``placement``
     is the partition store, or a :class:`~dorylus.partition.placement.Placement` to write into
     the run directory. ``dataset`` may come as a one-element list that this takes over (emptied), so that the dataset is
-    freed once the store is written. ``cluster``: a started :class:`~dorylus.remote.RemoteCluster`
+    freed once the store is written. ``cluster``: a started :class:`~dorylus.coordinator.remote.RemoteCluster`
     (cluster mode), closed here."""
     if isinstance(dataset, list):
         dataset = dataset.pop()
@@ -376,7 +377,7 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
                           extra={"dataset": dataset.name, "num_nodes": dataset.num_nodes,
                                  "num_edges": dataset.num_edges})
 
-        from dorylus.coordinator import LocalCluster
+        from dorylus.coordinator.local import LocalCluster
         from dorylus.partition import PartitionStore, open_store
 
         store = placement

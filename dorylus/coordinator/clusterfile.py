@@ -17,7 +17,7 @@ the invokes to another Lambda API (the local emulator: tests, a cluster on one m
 ``keys`` names the CURVE keys directory of the coordinator (relative to the file), and a
 relative local ``store`` is relative to the file as well. ``recovery_wait_s`` (1 to 3600,
 default :data:`DEFAULT_RECOVERY_WAIT_S`) bounds how long a run waits for its roles to answer
-again at their addresses after one died (:meth:`dorylus.remote.RemoteCluster.restart`).
+again at their addresses after one died (:meth:`dorylus.coordinator.remote.RemoteCluster.restart`).
 
 Everything is checked before anything runs: a bad file is one ConfigError naming the file and
 the key, and nothing is written.
