@@ -188,6 +188,10 @@ class LocalCluster(Cluster):
 
     def close(self) -> None:
         """Stop every role: ask politely, then terminate, then kill. Safe to call twice."""
+        for child in self.children:  # a stopped role (SIGSTOP, a debugger) must run to answer SHUTDOWN
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGCONT)
         self._shutdown_roles()
         deadline = time.monotonic() + 5.0
         for child in self.children:

@@ -187,7 +187,8 @@ def _assert_complete_and_exact(summary, metrics, clean, epochs: int) -> None:
     assert summary["failures"]["raise"] > 0 and summary["failures"]["crash"] > 0  # the faults were played
 
 
-@pytest.mark.parametrize("fallback_after", [1, TrainConfig().fallback_after])
+# The default K in the default suite; K = 1 (every failure straight to the graph server) in the slow tier.
+@pytest.mark.parametrize("fallback_after", [pytest.param(1, marks=pytest.mark.slow), TrainConfig().fallback_after])
 def test_faulty_functions_complete_and_apply_every_gradient_once(tmp_path, cora, fallback_after):
     """The acceptance line's faults (10% raising, 5% straggling x10, 2% crashing calls) on 12
     epochs: with K = 1 every failed call runs on its graph server at once; with the default K
