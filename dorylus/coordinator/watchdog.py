@@ -12,6 +12,7 @@ import zmq
 
 from dorylus import curve, protocol, sockets
 from dorylus.coordinator.errors import ClusterError
+from dorylus.peer import Peer, PeerError
 from dorylus.protocol import Header, Op
 
 
@@ -24,7 +25,9 @@ class Watchdog:
     * Phases: a phase (or parameter-server command) may take ``max(min_s, factor x the moving
       mean of the same step)``; a step seen for the first time gets ``first_s`` (the task
       timeout). When it runs over while every role answers, the calls still in flight are the
-      stalled ones: the graph servers' STATS name them.
+      stalled ones: the graph servers' STATS name them (a request of :class:`dorylus.peer.Peer`
+      on a connection of its own; the heartbeat is a stream of pings, any answer to any of them
+      a sign of life).
     """
 
     PING_S = 1.0
@@ -34,6 +37,7 @@ class Watchdog:
                  keys: curve.Keyring | None = None):
         self.ctx, self.min_s, self.factor, self.first_s, self.keys = ctx, min_s, factor, first_s, keys
         self.roles: list[tuple[Any, zmq.Socket]] = []  # (a role with .name and .where(), its socket)
+        self.stats: dict[str, Peer] = {}  # graph server's name -> the peer its STATS go through
         self.unanswered_since: dict[str, float | None] = {}  # when the oldest unanswered ping was sent
         self.last_ping: dict[str, float] = {}
         self.durations: dict[str, list[float]] = {}
@@ -43,6 +47,9 @@ class Watchdog:
                                        max_bytes=sockets.message_limit(0))
         self.roles.append((child, socket))
         self.unanswered_since[child.name], self.last_ping[child.name] = None, 0.0
+        if server_role == "graphserver":
+            self.stats[child.name] = Peer(self.ctx, endpoint, child.name, server_role=server_role, keys=self.keys,
+                                          max_bytes=sockets.message_limit(0))
 
     def bound(self, step: str) -> tuple[float, str]:
         """Seconds ``step`` may take, and why."""
@@ -84,22 +91,22 @@ class Watchdog:
     def in_flight(self) -> str:
         """What the graph servers report as still running, one clause per server."""
         found = []
-        for child, socket in self.roles:
-            if not child.name.startswith("graph server"):
+        for child, _ in self.roles:
+            peer = self.stats.get(child.name)
+            if peer is None:
                 continue
-            self._drain(child, socket)
-            protocol.send(socket, Header(Op.STATS, req=1))
-            deadline = time.monotonic() + 2.0
-            while (wait := deadline - time.monotonic()) > 0 and socket.poll(int(wait * 1000), zmq.POLLIN):
-                reply, _ = protocol.decode(socket.recv_multipart())
-                if reply.op is Op.STATS:
-                    if reply.meta.get("oldest_call"):
-                        found.append(f"{child.name}: {reply.meta['in_flight']} call(s) in flight, the oldest "
-                                     f"{reply.meta['oldest_call']} ({child.where()})")
-                    break
+            try:
+                reply, _ = peer.request(Header(Op.STATS), timeout=2.0)
+            except PeerError:
+                continue  # silent or refusing: the heartbeat names a silent role
+            if reply.meta.get("oldest_call"):
+                found.append(f"{child.name}: {reply.meta['in_flight']} call(s) in flight, the oldest "
+                             f"{reply.meta['oldest_call']} ({child.where()})")
         return "; ".join(found) or "no function call in flight"
 
     def close(self) -> None:
         for _, socket in self.roles:
             socket.close(linger=0)
-        self.roles = []
+        for peer in self.stats.values():
+            peer.close()
+        self.roles, self.stats = [], {}
