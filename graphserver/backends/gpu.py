@@ -9,10 +9,13 @@ whenever a config names the backend. What runs on the device, in the graph serve
 
 from __future__ import annotations
 
+import logging
 import re
 
 from dorylus.errors import ConfigError
 from graphserver.backends.cpu import CpuBackend
+
+logger = logging.getLogger(__name__)
 
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:[0-9]+)?")  # the torch devices this backend runs on
 
@@ -79,8 +82,8 @@ class GpuBackend(CpuBackend):
         if device.type == "cuda":
             import torch  # loaded with the state
 
-            print(f"gpu backend: peak memory allocated {torch.cuda.max_memory_allocated(device)} bytes, reserved "
-                  f"{torch.cuda.max_memory_reserved(device)} bytes on {device}", flush=True)
+            logger.info("gpu backend: peak memory allocated %d bytes, reserved %d bytes on %s",
+                        torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device), device)
 
 
 BACKEND = GpuBackend

@@ -53,6 +53,7 @@ by default an equal share less a CUDA context per process (:func:`memory_fractio
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import numpy as np
@@ -64,6 +65,8 @@ from dorylus.models.base import Plan, Result, Stage
 from dorylus.models.graph import CsrGraph, csr_of_tensors
 from dorylus.partition import Partition
 from graphserver.state import PartitionState
+
+logger = logging.getLogger(__name__)
 
 # Device memory a process's CUDA context takes outside torch's caching allocator (so outside the
 # budget that set_per_process_memory_fraction enforces): driver state and the kernels loaded so
@@ -106,7 +109,7 @@ def open_device(config, parts: int) -> torch.device:
     ``config.allow_tf32`` says and this process's memory budget set."""
     device = torch.device(config.device)
     if device.type != "cuda":
-        print(f"gpu backend: device {device} (torch's CPU kernels)", flush=True)
+        logger.info("gpu backend: device %s (torch's CPU kernels)", device)
         return device
     device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     torch.cuda.set_device(device)  # before anything else opens a context on GPU 0 (see the module docstring)
@@ -116,8 +119,8 @@ def open_device(config, parts: int) -> torch.device:
     torch.cuda.set_per_process_memory_fraction(fraction, device.index)
     reserve = "" if config.gpu_memory_fraction is not None else \
         f" (1/{parts} less {CONTEXT_RESERVE_BYTES / 2**20:.0f} MiB for the CUDA context)"
-    print(f"gpu backend: device {device} ({properties.name}), TF32 {'on' if config.allow_tf32 else 'off'}, "
-          f"memory budget {fraction:.3g} of {properties.total_memory / 2**30:.1f} GiB{reserve}", flush=True)
+    logger.info("gpu backend: device %s (%s), TF32 %s, memory budget %.3g of %.1f GiB%s", device, properties.name,
+                "on" if config.allow_tf32 else "off", fraction, properties.total_memory / 2**30, reserve)
     return device
 
 

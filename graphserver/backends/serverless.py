@@ -42,8 +42,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -53,6 +53,8 @@ from dorylus.models import get_model
 from dorylus.models.base import Work
 from graphserver.backends import LimitedBackend, LocalServices, call_key
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
+
+logger = logging.getLogger(__name__)
 
 # A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
 # handler: ~20 MB resident when idle, a call's rows on top). A machine starts at most one per
@@ -256,7 +258,7 @@ class LambdaBackend(LimitedBackend):
         docstring): rows in but the gradient maybe not, or the reverse."""
         server = self.server
         self.fallback_calls += 1
-        print(f"graph server {server.part_id}: running on this server: {exc}", file=sys.stderr, flush=True)
+        logger.warning("graph server %d: running on this server: %s", server.part_id, exc)
         if pushed.done() and not event["grad"]:  # a late attempt pushed its result while the last one failed
             return
         try:  # with the rows already in, for the gradient alone (a duplicate if an attempt pushed it)

@@ -130,14 +130,15 @@ def test_device_state_moves_ghost_rows_as_the_host_state(store, device):
         np.testing.assert_array_equal(on_device.buffers[owned_only].cpu().numpy(), host.buffers[owned_only])
 
 
-def test_make_state_places_the_gpu_backend_on_its_device(store, capsys):
+def test_make_state_places_the_gpu_backend_on_its_device(store, caplog):
+    caplog.set_level("INFO", logger="graphserver.backends.gpu_device")
     spec_config = dict(hidden=4)
     plan = get_model("gcn").build_plan(ModelSpec.from_config(TrainConfig(**spec_config), NUM_FEATURES, NUM_CLASSES))
     part = store.load_part(0)
     assert type(make_state(TrainConfig(backend="cpu", **spec_config), part, plan, parts=3)) is PartitionState
     state = make_state(TrainConfig(backend="gpu", device="cpu", **spec_config), part, plan, parts=3)
     assert isinstance(state, DeviceState) and state.device == torch.device("cpu")
-    assert "device cpu" in capsys.readouterr().out
+    assert "device cpu" in caplog.text
 
 
 def test_open_device_on_cpu_leaves_cuda_alone(monkeypatch):
@@ -485,10 +486,12 @@ def test_tf32_is_set_through_the_fp32_precision_api(restore_tf32):
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == ("ieee", "ieee")
 
 
-def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
+def test_open_device_on_a_faked_second_gpu(monkeypatch, caplog, restore_tf32):
     """cuda:1 on a machine faked to have two 80 GiB GPUs: the device is made current before
     anything else, TF32 goes through fp32_precision, and the budget is 1/parts less a context."""
     from graphserver.backends.gpu_device import CONTEXT_RESERVE_BYTES
+
+    caplog.set_level("INFO", logger="graphserver.backends.gpu_device")
 
     calls = []
     total = 80 * 2**30
@@ -501,7 +504,7 @@ def test_open_device_on_a_faked_second_gpu(monkeypatch, capsys, restore_tf32):
     assert calls[0] == ("set_device", torch.device("cuda", 1))
     assert calls[-1] == ("budget", pytest.approx(0.25 - CONTEXT_RESERVE_BYTES / total), 1)
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-    assert "TF32 off, memory budget 0.244 of 80.0 GiB (1/4 less 512 MiB for the CUDA context)" in capsys.readouterr().out
+    assert "TF32 off, memory budget 0.244 of 80.0 GiB (1/4 less 512 MiB for the CUDA context)" in caplog.text
     calls.clear()
     open_device(TrainConfig(backend="gpu", device="cuda:1", allow_tf32=True, gpu_memory_fraction=0.5), parts=4)
     assert calls[-1] == ("budget", 0.5, 1) and torch.backends.cuda.matmul.fp32_precision == "tf32"
