@@ -14,6 +14,7 @@ readable by others even for a moment.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -81,13 +82,26 @@ def temp_dir_beside(path: str | os.PathLike, *, mode: int | None = None) -> Path
     return tmp
 
 
-def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
+def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike, *, exclusive: bool = False) -> None:
     """Rename the complete directory ``tmp`` to ``out``: an existing ``out`` is moved aside
-    first and deleted once ``tmp`` is in place, or moved back if that rename fails."""
+    first and deleted once ``tmp`` is in place, or moved back if that rename fails.
+
+    ``exclusive=True`` refuses (FileExistsError) to replace an ``out`` that exists, leaving both
+    as they are, and never moves ``out`` aside: for a cache shared by processes, where the first
+    to install an entry wins and a reader must never find it missing. (Between the check and the
+    rename, an *empty* directory made at ``out`` would still be replaced: ``rename(2)`` does that
+    and Python has no ``RENAME_NOREPLACE``; a non-empty one is refused by the rename itself.)"""
     tmp, out = Path(tmp), Path(out)
     if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError as exc:
+            if exclusive and exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise FileExistsError(errno.EEXIST, "directory exists", str(out)) from None
+            raise
         return
+    if exclusive:
+        raise FileExistsError(errno.EEXIST, "directory exists", str(out))
     old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
     os.rename(out, old)
     try:

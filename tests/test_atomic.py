@@ -148,3 +148,48 @@ def test_replace_dir_over_a_file(tmp_path):
     tmp.mkdir()
     atomic.replace_dir(tmp, out)
     assert out.is_dir() and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_replace_dir_exclusive_installs_a_new_directory(tmp_path):
+    out, tmp = tmp_path / "entry", tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "a").write_text("new")
+    atomic.replace_dir(tmp, out, exclusive=True)
+    assert (out / "a").read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["entry"]
+
+
+@pytest.mark.parametrize("existing", ["dir", "file"])
+def test_replace_dir_exclusive_keeps_what_is_there(tmp_path, existing):
+    """The first to install wins: the existing entry is neither replaced nor moved aside."""
+    out, tmp = tmp_path / "entry", tmp_path / "tmp"
+    if existing == "dir":
+        out.mkdir()
+        (out / "a").write_text("first")
+    else:
+        out.write_text("first")
+    tmp.mkdir()
+    (tmp / "a").write_text("second")
+    with pytest.raises(FileExistsError):
+        atomic.replace_dir(tmp, out, exclusive=True)
+    assert ((out / "a") if existing == "dir" else out).read_text() == "first"
+    assert (tmp / "a").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry", "tmp"]
+
+
+def test_replace_dir_exclusive_loses_a_race_to_a_full_directory(tmp_path, monkeypatch):
+    """``out`` appears, full, between the check and the rename: the rename's own refusal is a
+    FileExistsError too."""
+    out, tmp = tmp_path / "entry", tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "a").write_text("second")
+    real_rename = os.rename
+
+    def rename(src, dst):
+        out.mkdir()
+        (out / "a").write_text("first")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", rename)
+    with pytest.raises(FileExistsError):
+        atomic.replace_dir(tmp, out, exclusive=True)
+    assert (out / "a").read_text() == "first" and (tmp / "a").read_text() == "second"

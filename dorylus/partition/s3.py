@@ -250,16 +250,13 @@ def fetch_store(url: str, *, parts: Iterable[int] | None = None, cache_dir: str 
 
 def _install(tmp: Path, root: Path, parts: list[int]) -> None:
     """Move the verified download into the cache entry: the whole entry if it is new, else
-    part by part. A part another process installed meanwhile is kept (it is the same bytes)."""
+    part by part. A part another process installed meanwhile is kept (it is the same bytes, and
+    that process may be opening it), hence ``exclusive``: never moved aside, never replaced."""
     try:
-        os.rename(tmp, root)
+        atomic.replace_dir(tmp, root, exclusive=True)
         return
-    except OSError:
-        if not root.is_dir():
-            raise
+    except FileExistsError:
+        pass
     for i in parts:
-        try:
-            os.rename(tmp / f"part-{i}", root / f"part-{i}")
-        except OSError:
-            if not (root / f"part-{i}").is_dir():
-                raise
+        with contextlib.suppress(FileExistsError):
+            atomic.replace_dir(tmp / f"part-{i}", root / f"part-{i}", exclusive=True)

@@ -205,3 +205,24 @@ def test_a_sparse_features_store_round_trips(bucket, tmp_path):
     # owned vertices are in the store's locality order, not ascending
     np.testing.assert_array_equal(fetched.features.toarray(), dataset.features[fetched.owned])
     assert sorted(fetched.owned) == list(range(120, n))
+
+
+def test_install_keeps_what_another_process_installed_first(tmp_path):
+    """Two graph servers on one machine fetch into one cache entry: the whole entry goes in if it
+    is new, else part by part, and a part already there is kept, never swapped under a reader."""
+    from dorylus.partition.s3 import _install
+
+    root = tmp_path / "entry"
+    first = tmp_path / "first"
+    (first / "part-0").mkdir(parents=True)
+    (first / "part-0" / "x.npy").write_text("first")
+    _install(first, root, [0])
+    assert not first.exists() and (root / "part-0" / "x.npy").read_text() == "first"
+    second = tmp_path / "second"
+    for i in (0, 1):
+        (second / f"part-{i}").mkdir(parents=True)
+        (second / f"part-{i}" / "x.npy").write_text("second")
+    _install(second, root, [0, 1])
+    assert (root / "part-0" / "x.npy").read_text() == "first"  # kept
+    assert (root / "part-1" / "x.npy").read_text() == "second"  # joined
+    assert sorted(p.name for p in root.iterdir()) == ["part-0", "part-1"]
