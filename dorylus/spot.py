@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -260,41 +261,45 @@ def start_from_args(args: argparse.Namespace, on_notice: Callable[[Notice], None
 class LocalImds:
     """The instance metadata of one local "instance", as far as :class:`SpotWatcher` reads it:
     IMDSv2 tokens (a GET without this server's token gets 401), 404 for every notice path until
-    :meth:`interrupt` posts the spot ``instance-action``. On 127.0.0.1, a free port, in a
-    daemon thread; :meth:`close` stops it."""
+    :meth:`interrupt` posts the spot ``instance-action``. An ``aiohttp.web`` server on 127.0.0.1,
+    a free port, in a daemon thread with its own event loop (its callers, the coordinator, are
+    synchronous); :meth:`close` stops it."""
 
     def __init__(self) -> None:
+        import aiohttp.web  # here, not at the top: the roles import this module for the watcher alone
+
         self.token = secrets.token_urlsafe(24)
         self.notice: str | None = None  # the instance-action body, once posted
-        imds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
-                if self.path != TOKEN_PATH or not self.headers.get(TOKEN_TTL_HEADER, "").isdigit():
-                    return self._answer(400)
-                self._answer(200, imds.token)
-
-            def do_GET(self) -> None:  # noqa: N802
-                if self.headers.get(TOKEN_HEADER) != imds.token:
-                    return self._answer(401)
-                body = imds.notice if self.path == PATHS["spot"] else None
-                self._answer(404) if body is None else self._answer(200, body)
-
-            def _answer(self, status: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args) -> None:  # every poll would be a line on stderr
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="local imds", daemon=True)
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        app = aiohttp.web.Application()
+        app.router.add_put(TOKEN_PATH, self._token)
+        app.router.add_get("/{path:.*}", self._get)
+        self._runner = aiohttp.web.AppRunner(app, access_log=None)  # every poll would be a line in the log
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="local imds", daemon=True)
         self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._serve(sock), self._loop).result(10.0)
+        except BaseException:
+            sock.close()
+            self.close()
+            raise
+
+    async def _serve(self, sock: socket.socket) -> None:
+        await self._runner.setup()
+        await aiohttp.web.SockSite(self._runner, sock).start()
+
+    async def _token(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        if not request.headers.get(TOKEN_TTL_HEADER, "").isdigit():
+            return aiohttp.web.Response(status=400)
+        return aiohttp.web.Response(text=self.token)
+
+    async def _get(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        if request.headers.get(TOKEN_HEADER) != self.token:
+            return aiohttp.web.Response(status=401)
+        body = self.notice if request.path == PATHS["spot"] else None
+        return aiohttp.web.Response(status=404) if body is None else aiohttp.web.Response(text=body)
 
     def interrupt(self, action: str = "terminate", seconds: float = 120.0) -> str:
         """Post the spot interruption notice: ``action`` at ``seconds`` from now (UTC, as AWS
@@ -304,6 +309,13 @@ class LocalImds:
         return self.notice
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
+        """Stop serving and end the thread; a second call does nothing."""
+        if self._loop.is_closed():
+            return
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5.0)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._loop.close()

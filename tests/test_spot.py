@@ -284,3 +284,25 @@ def test_the_local_imds_posts_a_notice_the_watcher_reads():
         assert len(got) == 1 and watcher.failures == 0
     finally:
         imds.close()
+
+
+def test_the_local_imds_refuses_a_token_request_without_a_ttl_and_closes_once():
+    """IMDSv2's rule (a token PUT names its TTL), and close(): the port stops answering, the
+    thread ends, and a second close does nothing."""
+    imds = spot.LocalImds()
+
+    async def put(headers):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.put(imds.url + spot.TOKEN_PATH, headers=headers) as r:
+                return r.status, await r.text()
+
+    try:
+        assert asyncio.run(put({}))[0] == 400
+        assert asyncio.run(put({spot.TOKEN_TTL_HEADER: "60"})) == (200, imds.token)
+    finally:
+        imds.close()
+    imds.close()
+    assert not imds._thread.is_alive()
+    port = int(imds.url.rsplit(":", 1)[1])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
