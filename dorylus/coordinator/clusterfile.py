@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus.errors import ConfigError
+from dorylus.partition import s3
 
 FORMAT = "dorylus-cluster/1"
 # A spot graph server's replacement is a new instance at the same address: it boots and installs
@@ -136,7 +137,7 @@ def load_cluster_file(path: str | Path) -> ClusterSpec:
     if not _REGION.fullmatch(region):
         raise r.fail("region", f"{region!r} is not an AWS region name (like us-east-1)")
     store = r.str(d, "store", "")
-    if not store.startswith("s3://") and not Path(store).is_absolute():
+    if not s3.is_url(store) and not Path(store).is_absolute():
         store = str((path.parent / store).resolve())
 
     f = r.obj(d.get("function"), "function", _FUNCTION)

@@ -45,6 +45,13 @@ PART_BYTES = 64 * MiB
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether a store path names a store in S3 (``s3://...``) rather than a directory: the one
+    test :func:`dorylus.partition.open_store`, :func:`~dorylus.partition.read_meta` and the
+    cluster file's store path go by."""
+    return isinstance(path, str) and path.startswith("s3://")
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://BUCKET/PREFIX`` -> ``(bucket, prefix)``, the prefix without slashes at its ends."""
     match = re.fullmatch(r"s3://([^/]*)/?(.*)", str(url))
