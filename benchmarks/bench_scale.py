@@ -29,7 +29,8 @@ the roles' peaks over the graph's directed edges.
     python benchmarks/bench_scale.py --sizes 10m,60m,250m --backends cpu,lambda
 
 Prints a table and writes ``benchmarks/results/scale.json`` (or ``--json``). Data goes under
-``--workdir`` (default ``/tmp/dorylus-scale``), never into the repository.
+``--workdir`` (default ``dorylus-scale`` in the system's temp directory, ``tempfile.gettempdir()``:
+``$TMPDIR`` or ``/tmp``), never into the repository.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -51,6 +53,7 @@ SIZES = {"10m": "synthetic-10m", "60m": "synthetic-products", "250m": "synthetic
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]
 TIME = "/usr/bin/time"
+WORKDIR = Path(tempfile.gettempdir()) / "dorylus-scale"
 
 
 def _dorylus() -> list[str]:
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=3, help="training epochs (default: 3)")
     parser.add_argument("--method", default="auto", help="dorylus partition --method (default: auto)")
     parser.add_argument("--seed", type=int, default=0, help="generator and training seed (default: 0)")
-    parser.add_argument("--workdir", default="/tmp/dorylus-scale", help="data, stores and runs (default: /tmp/dorylus-scale)")
+    parser.add_argument("--workdir", default=str(WORKDIR), help=f"data, stores and runs (default: {WORKDIR})")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command before it is killed (default: 3600)")
     parser.add_argument("--whole", action="store_true",
                         help="also time the whole `dorylus train --dataset DIR` command per backend (load, "

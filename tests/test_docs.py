@@ -236,6 +236,12 @@ def test_benchmark_commands_use_real_flags():
 
 # Built from pieces so that this file does not match itself.
 MACHINE_PATHS = re.compile("(?<![\\w.~-])/(" + "|".join(("wo" + "rk", "ro" + "ot", "ho" + "me")) + ")/")
+# In code (not in prose, which may say where the system puts a temp file), a string literal naming a
+# path under /tmp: a fixed name there ignores TMPDIR and is predictable in a directory every user
+# can write; tempfile.gettempdir() or mkdtemp() is the portable spelling. "/tmp" alone stays
+# allowed (a short fallback for a Unix socket's directory, dorylus/coordinator/local.py), as do
+# URLs like ipc:///tmp/x in examples.
+TMP_LITERALS = re.compile("[\"'`]/" + "tmp" + "/[\\w.$-]")
 
 
 def test_no_absolute_machine_paths():
@@ -251,10 +257,12 @@ def test_no_absolute_machine_paths():
         data = path.read_bytes()
         if b"\0" in data[:8192]:
             continue  # binary
+        code = not name.endswith(".md")
         for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-            if MACHINE_PATHS.search(line):
+            if MACHINE_PATHS.search(line) or (code and TMP_LITERALS.search(line)):
                 hits.append(f"{name}:{number}: {line.strip()[:120]}")
-    assert not hits, "absolute machine paths (use paths relative to the checkout):\n" + "\n".join(hits)
+    assert not hits, ("absolute machine paths (use paths relative to the checkout, or tempfile's temp "
+                      "directory):\n" + "\n".join(hits))
 
 
 def test_machine_path_pattern():
@@ -262,6 +270,15 @@ def test_machine_path_pattern():
     assert MACHINE_PATHS.search("cd /" + "home/me/dorylus")
     assert not MACHINE_PATHS.search("../shared/data/cora.npz")
     assert not MACHINE_PATHS.search("/etc/dorylus/cluster.json and /opt/dorylus/bin/dorylus")
+
+
+def test_tmp_literal_pattern():
+    tmp = "/" + "tmp"
+    for line in (f'default="{tmp}/dorylus-scale"', f"Path('{tmp}/x.npz')", f'dir="{tmp}/$USER"'):
+        assert TMP_LITERALS.search(line), line
+    for line in (f'for parent in (None, "{tmp}"):', f'advertised_endpoint("ipc://{tmp}/x", "host")',
+                 f"under ``$TMPDIR`` or ``{tmp}``", "tempfile.gettempdir()", '"/var/tmp-cache/x"'):
+        assert not TMP_LITERALS.search(line), line
 
 
 # ----------------------------------------------------------------------------- shared test data
