@@ -1,9 +1,12 @@
-"""Small hand-built graphs shared by the tests, and the one way tests find shared data files."""
+"""Small hand-built graphs shared by the tests, and the one way tests find shared data files and
+the optional libraries they check against (both a skip locally, a failure under CI=true)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -49,3 +52,19 @@ def shared_data(name: str) -> Path:
             pytest.fail(f"{why}; CI=true, so this is a failure, not a skip: put the file there", pytrace=False)
         pytest.skip(why)
     return path
+
+
+def oracle(module: str, reason: str) -> ModuleType:
+    """``module`` imported, for a test that checks against it (PyG's layers, say).
+
+    When it cannot be imported, the test is skipped with ``reason``, as ``pytest.importorskip``
+    does, except in CI (``CI=true``), where that is a failure: CI installs the optional oracles
+    (``make`` installs ``.[dev,pyg]``) and must not pass by skipping the cases they check."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        why = f"{module} cannot be imported ({exc}); {reason}"
+        if in_ci():
+            pytest.fail(f"{why}; CI=true, so this is a failure, not a skip: install it (pip install -e '.[pyg]')",
+                        pytrace=False)
+        pytest.skip(why)

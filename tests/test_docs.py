@@ -1,6 +1,7 @@
 """The docs stay true: the README is a landing page, links resolve, every command shown parses
 with the real CLI, and no tracked file names an absolute path of a developer's machine. Also the
-shared-data helper (tests.graphs.shared_data): a skip outside CI, a failure under CI=true."""
+shared-data and optional-oracle helpers (tests.graphs.shared_data, tests.graphs.oracle): a skip
+outside CI, a failure under CI=true."""
 
 from __future__ import annotations
 
@@ -315,3 +316,23 @@ def test_ci_false_is_not_ci(tmp_path, monkeypatch):
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception):
         graphs.shared_data("cora.npz")
+
+
+# ----------------------------------------------------------------------------- optional oracles
+
+
+def test_an_oracle_that_imports_is_returned(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    assert graphs.oracle("json", reason="x") is __import__("json")
+
+
+def test_a_missing_oracle_skips_outside_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no_such_oracle_module cannot be imported.*the oracle"):
+        graphs.oracle("no_such_oracle_module", reason="the oracle")
+
+
+def test_a_missing_oracle_fails_in_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no_such_oracle_module.*CI=true"):
+        graphs.oracle("no_such_oracle_module", reason="the oracle")

@@ -11,6 +11,7 @@ from dorylus.models import gcn
 from dorylus.models.reference import whole_graph
 from dorylus.models.spec import LayerSpec
 from dorylus.normalize import gcn_normalize
+from tests.graphs import oracle
 
 # A directed graph with a vertex (4) that has no in-neighbour; no duplicate edge (PyG would count
 # a duplicate twice in the degree, ours once).
@@ -20,7 +21,7 @@ DST = np.array([1, 2, 3, 5, 3, 0, 0, 3])
 
 @pytest.mark.parametrize("in_dim,out_dim", [(6, 4), (3, 5)])  # projects first; gathers first
 def test_reference_layer_matches_pyg_gcnconv(in_dim, out_dim):
-    pyg = pytest.importorskip("torch_geometric.nn", reason="PyG is the oracle for the GCN layer")
+    pyg = oracle("torch_geometric.nn", reason="PyG is the oracle for the GCN layer")
     layer = LayerSpec(index=0, in_dim=in_dim, out_dim=out_dim, dropout=0.0, activation=None, weight_decay=0.0)
     assert gcn.projects_first(layer) == (in_dim > out_dim)
     adj = gcn_normalize(SRC, DST, 6, symmetrize=False)

@@ -14,6 +14,7 @@ from dorylus.models import gin
 from dorylus.models.reference import whole_graph
 from dorylus.models.spec import LayerSpec, ModelSpec
 from dorylus.normalize import gcn_normalize
+from tests.graphs import oracle
 
 # A directed graph with a vertex (4) without in-neighbours and a duplicate edge (0 -> 3 twice).
 SRC = np.array([0, 1, 2, 3, 0, 5, 2, 0, 1])
@@ -28,7 +29,7 @@ def _layer(train_eps: bool, in_dim: int = 6, hidden: int = 5, out_dim: int = 4) 
 
 @pytest.mark.parametrize("train_eps", [False, True])
 def test_reference_layer_matches_pyg_ginconv(train_eps):
-    pyg = pytest.importorskip("torch_geometric.nn", reason="PyG is the oracle for the GIN layer")
+    pyg = oracle("torch_geometric.nn", reason="PyG is the oracle for the GIN layer")
     layer = _layer(train_eps)
     params = gin.init_params(layer, np.random.default_rng(0))
     if train_eps:

@@ -11,6 +11,7 @@ from dorylus.models import sage
 from dorylus.models.reference import whole_graph
 from dorylus.models.spec import LayerSpec
 from dorylus.normalize import gcn_normalize
+from tests.graphs import oracle
 
 # A directed graph with a vertex (4) that has no in-neighbour and a duplicate edge (0 -> 3 twice).
 SRC = np.array([0, 1, 2, 3, 0, 5, 2, 0, 1])
@@ -22,7 +23,7 @@ def _layer(in_dim: int = 6, out_dim: int = 4) -> LayerSpec:
 
 
 def test_reference_layer_matches_pyg_sageconv():
-    pyg = pytest.importorskip("torch_geometric.nn", reason="PyG is the oracle for the SAGE layer")
+    pyg = oracle("torch_geometric.nn", reason="PyG is the oracle for the SAGE layer")
     adj = gcn_normalize(SRC, DST, 6, symmetrize=False)
     layer = _layer()
     params = sage.init_params(layer, np.random.default_rng(0))
