@@ -258,7 +258,7 @@ class LambdaBackend(LimitedBackend):
         docstring): rows in but the gradient maybe not, or the reverse."""
         server = self.server
         self.fallback_calls += 1
-        logger.warning("graph server %d: running on this server: %s", server.part_id, exc)
+        logger.warning("running on this server: %s", exc)  # the role (graphserver-N) heads every line
         if pushed.done() and not event["grad"]:  # a late attempt pushed its result while the last one failed
             return
         try:  # with the rows already in, for the gradient alone (a duplicate if an attempt pushed it)
