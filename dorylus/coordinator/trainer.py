@@ -44,7 +44,6 @@ class DistributedTrainer:
         self.started = False
         self.reports: dict[int, list[dict[str, Any]]] = {}  # epoch -> reports, one per graph server so far
         self.finished = [0] * len(cluster.servers)           # last epoch each graph server reported
-        self.epoch_end = time.perf_counter()
         self.before = cluster.emulator_stats()
         self.pricing = Pricing.of_run(config, cluster.store.num_parts)
         self.since_epoch = 1  # the parameter server's counts (grad_counts) start here
@@ -78,7 +77,6 @@ class DistributedTrainer:
         self.cluster.command("train", first=first, last=self.config.epochs, epochs=self.config.epochs,
                              eval_every=self.config.eval_every)
         self.started = True
-        self.epoch_end = time.perf_counter()
 
     def _poll(self) -> None:
         """Take every report the graph servers hold. A server sends its reports oldest first and
@@ -114,15 +112,14 @@ class DistributedTrainer:
         while len(self.reports.get(epoch, ())) < len(self.cluster.servers):
             self._poll()
             self.cluster.check(f"epoch {epoch}", time.monotonic() - start, bound, why)
-            # Every POLL_S: in sync mode the graph servers do not wait for the coordinator, so
-            # epoch_s is when this loop sees each epoch; sleeping through part of an epoch (tried:
-            # 3/4 of the last one, half the shortest of the last 3) saved polls but made epoch_s
-            # come in bunches (0.26, 0.13, 0.002, 0.03 s) once one epoch was seen late.
             time.sleep(self.POLL_S)
         self.cluster.watchdog.record("epoch", time.monotonic() - start)
         reports = self.reports.pop(epoch)
-        now = time.perf_counter()
-        seconds, self.epoch_end = now - self.epoch_end, now
+        # The graph servers time their own epochs: in sync and pipe they do not wait for the
+        # coordinator, so the moment this loop sees an epoch says when it looked, not how long
+        # the epoch took (a checkpoint's write or a paused coordinator made one epoch seconds
+        # long and the next ones near 0). The slowest server's epoch is the run's.
+        seconds = max(float(r["epoch_s"]) for r in reports)
         metrics: dict[str, Any] = {"epoch": epoch, "loss": float(sum(r["loss"] for r in reports))}
         if reports[0]["evaluated"]:
             metrics.update({f"{k}_acc": sum(r[f"correct_{k}"] for r in reports) / v if v else float("nan")
