@@ -1,14 +1,12 @@
 """Test accuracy of every model on the papers' recipes, and against an MLP that ignores the graph.
 
-Recipes (200-epoch budget, Adam, row-normalized features; the README states them too):
+Recipes (200-epoch budget, Adam, row-normalized features): every registered model
+(:data:`dorylus.models.MODELS`) at its own defaults, which are its paper's recipe (each model
+module's ``DEFAULTS``; docs/models.md#recipes lists them), so a new model is measured with no
+edit here; and
 
-* ``gcn`` (Kipf & Welling): hidden 16, dropout 0.5, lr 0.01, weight decay 5e-4 on layer 0.
-* ``gat`` (Velickovic et al.): 8 heads x 8 hidden (ELU), 1 output head, dropout 0.6 on inputs
-  and attention, lr 0.005, weight decay 5e-4 on every layer.
-* ``sage`` (Hamilton et al., mean aggregator): hidden 64, dropout 0.5, lr 0.01, weight decay
-  5e-4 on every layer.
-* ``mlp``: two linear layers (hidden 64, ReLU, dropout 0.5), the same optimizer: what the
-  features alone give.
+* ``mlp``: two linear layers (hidden 64, ReLU, dropout 0.5), Adam at lr 0.01 with weight decay
+  5e-4: what the features alone give.
 
 Reported: final test accuracy (after 200 epochs) and test accuracy at the best validation
 epoch, per seed, with the mean. Cora runs seeds 0..4; synthetic-small seed 0 (``--seeds``).
@@ -38,25 +36,21 @@ import torch.nn.functional as F
 from common import machine_info, positive_int, write_json
 from dorylus.config import TrainConfig
 from dorylus.data.loaders import load_dataset
+from dorylus.models import MODELS, get_model
 from dorylus.models.reference import accuracy
 from dorylus.models.sparse import to_dense
 from dorylus.coordinator.training import prepare_graph, run_training
+from graphserver.modes import MODES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz"
-RECIPES = {
-    "gcn": dict(model="gcn", hidden=16, dropout=0.5, input_dropout=0.5, lr=0.01),
-    "gat": dict(model="gat", hidden=8, heads=8, out_heads=1, dropout=0.6, input_dropout=0.6, attention_dropout=0.6,
-                lr=0.005, weight_decay_scope="all"),
-    "sage": dict(model="sage", hidden=64, dropout=0.5, input_dropout=0.5, lr=0.01, weight_decay_scope="all"),
-    "mlp": dict(hidden=64, dropout=0.5, lr=0.01),
-}
+MLP_RECIPE = dict(hidden=64, dropout=0.5, lr=0.01)
 EPOCHS = 200
 
 
 def train_mlp(dataset, seed: int) -> dict[str, float]:
     """Features only: ``Linear -> ReLU -> dropout -> Linear`` with input dropout, Adam, 200 epochs."""
-    recipe = RECIPES["mlp"]
+    recipe = MLP_RECIPE
     graph = prepare_graph(dataset, TrainConfig())
     torch.manual_seed(seed)
     x = torch.from_numpy(to_dense(graph.features))
@@ -86,7 +80,7 @@ def train_model(dataset, spec: str, model: str, seed: int, args) -> dict[str, fl
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
         config = TrainConfig(dataset=spec, epochs=EPOCHS, seed=seed, backend=args.backend, run_dir=str(Path(tmp) / "r"),
                              **({"parts": args.parts, "mode": args.mode} if args.backend != "reference" else {}),
-                             **RECIPES[model])
+                             model=model)
         summary = run_training(config, dataset, progress=io.StringIO())
     return {k: summary[k] for k in ("final_test_acc", "test_acc_at_best_val")}
 
@@ -94,15 +88,16 @@ def train_model(dataset, spec: str, model: str, seed: int, args) -> dict[str, fl
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="cora,synthetic-small", help="comma-separated (default: cora,synthetic-small)")
-    parser.add_argument("--models", default="gcn,gat,sage,mlp", help="comma-separated (default: gcn,gat,sage,mlp)")
+    every = ",".join([*MODELS, "mlp"])
+    parser.add_argument("--models", default=every, help=f"comma-separated (default: {every})")
     parser.add_argument("--seeds", default=None, help="comma-separated (default: 0..4 on cora, 0 elsewhere)")
     parser.add_argument("--backend", default="reference", choices=("reference", "cpu", "lambda"))
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers for cpu/lambda (default: 2)")
-    parser.add_argument("--mode", default="sync", choices=("sync", "pipe", "async"))
+    parser.add_argument("--mode", default="sync", choices=tuple(MODES))
     parser.add_argument("--output", type=Path, default=RESULTS / "accuracy.json", help="JSON result path")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    if unknown := [m for m in models if m not in RECIPES]:
+    if unknown := [m for m in models if m not in MODELS and m != "mlp"]:
         parser.error(f"unknown model(s): {', '.join(unknown)}")
     load_before = os.getloadavg()
     rows = []
@@ -128,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         per_seed = " ".join(f"{r['final_test_acc']:.3f}" for r in row["runs"])
         print(f"{row['dataset']:<16} {row['model']:<5} {row['backend']:<9} {len(row['seeds']):>5} "
               f"{row['mean_final_test_acc']:>7.4f} {row['mean_test_acc_at_best_val']:>9.4f}  {per_seed}")
-    result = {"benchmark": "accuracy", "epochs": EPOCHS, "recipes": RECIPES, "backend": args.backend,
+    recipes = {m: MLP_RECIPE if m == "mlp" else dict(getattr(get_model(m), "DEFAULTS", {})) for m in models}
+    result = {"benchmark": "accuracy", "epochs": EPOCHS, "recipes": recipes, "backend": args.backend,
               "parts": args.parts, "mode": args.mode, "rows": rows, "machine": machine_info(load_before, os.getloadavg())}
     write_json(result, args.output)
     print(f"wrote {args.output}")

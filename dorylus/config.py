@@ -22,6 +22,7 @@ from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 from graphserver.backends import BACKENDS, backend_class
 from graphserver.backends.serverless import MAX_FALLBACK_AFTER, WORKER_MB, WORKERS_PER_CPU
+from graphserver.modes import MODES, mode_class
 
 # dorylus.partition.placement.CHOICES (a test holds them equal; importing it here would load the store)
 PARTITION_METHODS = ("auto", "metis", "random", "contiguous", "ldg", "fennel")
@@ -75,6 +76,21 @@ def _model_help() -> str:
     return "model architecture: " + "; ".join(f"'{name}' ({get_model(name).DESCRIPTION})" for name in MODELS)
 
 
+def _mode_help() -> str:
+    exact = [name for name in MODES if mode_class(name).exact]
+    return ("scheduler: " + "; ".join(f"'{name}' = {mode_class(name).description}" for name in MODES)
+            + f"; exact (equal the reference epoch by epoch): {', '.join(exact)}")
+
+
+def staleness_modes() -> list[str]:
+    """The modes that take ``--staleness`` (:attr:`graphserver.modes.Mode.bounded_staleness`)."""
+    return [name for name in MODES if mode_class(name).bounded_staleness]
+
+
+def _staleness_modes_text() -> str:
+    return "--mode " + " or ".join(staleness_modes())
+
+
 @dataclass
 class _Config:
     """A training run's configuration (:data:`TrainConfig`: these fields plus those the models
@@ -124,14 +140,12 @@ class _Config:
                                              "GPU; default 1 / parts less 512 MiB of the device for each process's "
                                              "CUDA context, which lives outside that budget (a local run puts every "
                                              "graph server on the one --device; set about 0.95 when each has its own)")
-    mode: str = _opt("sync", "scheduler: 'sync' = barrier after every task stage and Scatter; 'pipe' = intervals "
-                     "pipelined, Scatter still a barrier (both exact, equal the reference); 'async' = no Scatter "
-                     "barrier, bounded by --staleness", ("sync", "pipe", "async"))
-    staleness: int = _opt(0, "async mode: an interval starts epoch e only when e <= min_epoch + S, and Gather reads "
-                          "ghost rows at most S epochs old")
-    stale_correction: bool = _opt(False, "async mode with staleness >= 1: the training pass uses a running average "
-                                  "of each peer's ghost rows and ghost gradients, g = gamma g + (1 - gamma) "
-                                  "received, instead of the stale rows as received (PipeGCN's smoothing)")
+    mode: str = _opt("sync", _mode_help(), tuple(MODES))
+    staleness: int = _opt(0, f"{_staleness_modes_text()}: an interval starts epoch e only when e <= min_epoch + S, "
+                          "and Gather reads ghost rows at most S epochs old")
+    stale_correction: bool = _opt(False, f"{_staleness_modes_text()} with staleness >= 1: the training pass uses a "
+                                  "running average of each peer's ghost rows and ghost gradients, g = gamma g + "
+                                  "(1 - gamma) received, instead of the stale rows as received (PipeGCN's smoothing)")
     stale_gamma: float = _opt(0.95, "--stale-correction's decay gamma, in [0, 1)")
     partitions: str | None = _opt(None, "partition store directory to train on (default: partition --dataset "
                                   "into the run directory)")
@@ -264,8 +278,9 @@ class _Config:
             (self.functions is None or 1 <= self.functions <= MAX_FUNCTIONS,
              f"functions must be in [1, {MAX_FUNCTIONS}] (Lambda's default concurrency limit), got {self.functions}"),
             (self.staleness >= 0, "staleness must be >= 0"),
-            (self.mode == "async" or self.staleness == 0, f"staleness applies to --mode async only, got mode "
-                                                          f"{self.mode!r} with staleness {self.staleness}"),
+            (self.staleness == 0 or mode_class(self.mode).bounded_staleness,  # the mode is known: choices above
+             f"staleness applies to {_staleness_modes_text()} only, got mode {self.mode!r} with staleness "
+             f"{self.staleness}"),
             (math.isfinite(self.relaunch_min_s) and self.relaunch_min_s > 0, "relaunch_min_s must be > 0"),
             (math.isfinite(self.relaunch_ratio) and self.relaunch_ratio >= 1, "relaunch_ratio must be >= 1"),
             (all(math.isfinite(v) and v >= 0 for v in (self.net_latency_ms, self.net_bandwidth_mbps,
@@ -275,9 +290,9 @@ class _Config:
                                        f"{self.compute_jitter}"),
             (math.isfinite(self.stale_gamma) and 0 <= self.stale_gamma < 1,
              f"stale_gamma must be in [0, 1), got {self.stale_gamma}"),
-            (not self.stale_correction or (self.mode == "async" and self.staleness >= 1),
-             f"stale_correction needs --mode async with --staleness >= 1 (older ghost rows to correct), got mode "
-             f"{self.mode!r} with staleness {self.staleness}"),
+            (not self.stale_correction or (self.mode in staleness_modes() and self.staleness >= 1),
+             f"stale_correction needs {_staleness_modes_text()} with --staleness >= 1 (older ghost rows to correct), "
+             f"got mode {self.mode!r} with staleness {self.staleness}"),
             (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0, "task_timeout_s must be > 0"),
             (math.isfinite(self.watchdog_min_s) and self.watchdog_min_s > 0, "watchdog_min_s must be > 0"),
             (math.isfinite(self.watchdog_factor) and self.watchdog_factor >= 1, "watchdog_factor must be >= 1"),

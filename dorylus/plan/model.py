@@ -1,10 +1,10 @@
 """The epoch model: seconds, dollars and value of one training epoch from calibrated rates.
 
-The epoch is the model's plan itself (``build_plan`` of :mod:`dorylus.models.gcn`, ``gat`` or
-``sage``, DESIGN §2): the training pass, then (``evaluate``) the evaluation pass, each a list
-of stages, each costed by its model's formulas (each model module's ``stage_work`` and, for
-edge work of its own, ``gather_seconds``; the table below is GCN's); the largest
-partition sets the pace. With ``n`` owned rows, ``m`` A_hat entries, ``g`` ghost rows and ``s``
+The epoch is the model's plan itself (``build_plan`` of its module, any of
+:data:`dorylus.models.MODELS`, DESIGN §2): the training pass, then (``evaluate``) the
+evaluation pass, each a list of stages, each costed by its model's formulas (each model
+module's ``stage_work`` and, for edge work of its own, ``gather_seconds``; the table below is
+GCN's); the largest partition sets the pace. With ``n`` owned rows, ``m`` A_hat entries, ``g`` ghost rows and ``s``
 rows sent to peers per graph server, ``I`` intervals of ``r = n / I`` rows, ``c`` calls at once
 per server, and rates (:class:`~dorylus.plan.calibration.Rates`) scaled to where the work runs
 (:mod:`dorylus.plan.environment`), each stage takes
@@ -44,12 +44,15 @@ vertices and ``d = E / V`` in-edges per vertex: the expected number of distinct 
 when each cut edge picks one of them uniformly at random (an assumption; a partition store
 gives the real ``g``).
 
-Modes: ``sync`` sums the stages. ``pipe`` splits the epoch into segments at the Gathers (where
+Modes: every mode of :data:`graphserver.modes.MODES`, priced by what it answers to
+``barrier_after_stage()``. With a barrier after every stage (``sync``) the epoch sums the
+stages. Without (``pipe``, ``async``) it splits the epoch into segments at the Gathers (where
 the intervals meet) and overlaps, inside a segment, the graph servers' time ``G`` with the
 functions' ``F`` as a two-stage pipeline of ``I`` intervals, ``max(G, F) + min(G, F) / I``; only
-the lambda backend has anything to overlap (cpu and gpu run both on the same device). Each
-epoch adds the parameter server's optimizer step (``ADAM_PASSES`` element-wise passes over the
-weights), half a coordinator poll and a round trip.
+the lambda backend has anything to overlap (cpu and gpu run both on the same device). ``async``
+is priced as ``pipe``: what its staleness bound lets run ahead across epochs is not modelled, so
+its prediction is an upper bound. Each epoch adds the parameter server's optimizer step
+(``ADAM_PASSES`` element-wise passes over the weights), half a coordinator poll and a round trip.
 
 Dollars are :class:`dorylus.cost.Pricing`'s, as on a run: graph-server instances and the
 parameter server for the epoch's seconds, and every call's billed duration (``call - invoke``,
@@ -70,6 +73,7 @@ from dorylus.models import MODELS, get_model
 from dorylus.models.base import Work
 from dorylus.plan.calibration import Rates
 from graphserver.backends import BACKENDS, RunBackend, backend_class
+from graphserver.modes import MODES as MODE_REGISTRY, get_mode
 
 FLOAT = 4                  # bytes of a float32
 ID = 8                     # bytes of an int64 vertex id or label
@@ -81,7 +85,7 @@ CALL_ROUND_TRIPS = 2
 POLL_S = 0.005             # the coordinator polls the graph servers' progress this often (half on average)
 STATIC_ROW_BYTES = {"ids": 8, "labels": 8, "split": 1}  # int64, int64, uint8; "X" is features x float32
 STATIC_ROWS = frozenset(("X", *STATIC_ROW_BYTES))  # a partition's own inputs (dorylus.models.base.STATIC)
-MODES = ("sync", "pipe")
+MODES = tuple(MODE_REGISTRY)  # every mode (graphserver.modes), priced by its stage barrier (_segment)
 
 
 @dataclass(frozen=True)
@@ -441,8 +445,9 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
 
 
 def _segment(setup: Setup, graph_side: float, function_side: float) -> float:
-    """A segment's seconds: the sum (sync), or a two-stage pipeline of the intervals (pipe)."""
-    if setup.mode == "sync":
+    """A segment's seconds: the sum (a mode with a barrier after every stage: sync), or a
+    two-stage pipeline of the intervals (pipe, async)."""
+    if get_mode(setup.mode).barrier_after_stage():
         return graph_side + function_side
     return max(graph_side, function_side) + min(graph_side, function_side) / setup.intervals
 

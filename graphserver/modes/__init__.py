@@ -1,6 +1,6 @@
 """Scheduler modes (DESIGN §3): one module each, named in :data:`MODES`, each exposing its
 :class:`Mode` subclass as ``MODE``. The scheduler (:mod:`graphserver.scheduler`) runs the same
-stages in every mode and asks the mode four questions:
+stages in every mode and asks the mode five questions:
 
 * :meth:`Mode.may_start`: may an interval start epoch ``e`` while ``min_epoch`` (the oldest epoch
   some graph server has not finished, published by the coordinator) is what it is?
@@ -12,6 +12,14 @@ stages in every mode and asks the mode four questions:
 * :meth:`Mode.evaluates_beside_training`: may an interval's evaluation pass of epoch ``e`` run
   while the same interval trains epoch ``e + 1``? Then the evaluation pass has buffers of its
   own (:func:`evaluation_apart`).
+
+A mode also states three facts as class attributes, which the configuration, the planner and
+the tests read without a graph server (:func:`mode_class`): ``description`` (its line in
+``--mode``'s help), ``exact`` (it reproduces the single-process reference epoch by epoch: the
+exactness tests run it) and ``bounded_staleness`` (it takes ``--staleness S``, and
+``--stale-correction`` with S >= 1; every other mode refuses a non-zero S). :data:`MODES` is the
+one list of the modes: ``--mode``'s choices, the config's checks, the planner's modes and the
+test matrices all come from it.
 
 ``staleness`` S bounds the last three rules in every mode: rows produced in epoch ``e - S`` or
 later, weight version ``e - 1 - S`` or newer for a forward pass (``e - S`` for evaluation, which
@@ -33,11 +41,17 @@ MODES = {"sync": "graphserver.modes.sync", "pipe": "graphserver.modes.pipe", "as
 @dataclass(frozen=True)
 class Mode(abc.ABC):
     staleness: int = 0
-    name = ""  # each mode's own, a class attribute
+    # each mode's own, class attributes (not fields)
+    name = ""
+    description = ""  # one line: what it waits for (``--mode``'s help)
+    exact = False  # equals the reference epoch by epoch
+    bounded_staleness = False  # takes --staleness S (and --stale-correction with S >= 1)
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.staleness and not self.bounded_staleness:
+            raise ValueError(f"{self.name} mode has no staleness")
 
     @abc.abstractmethod
     def may_start(self, epoch: int, min_epoch: int) -> bool:
@@ -63,9 +77,7 @@ class ExactMode(Mode):
     """A mode that reproduces the reference epoch by epoch: no staleness, and no gate of its own
     (the wait for the previous epoch's weights already holds every interval back)."""
 
-    def __post_init__(self) -> None:
-        if self.staleness:
-            raise ValueError(f"{self.name} mode has no staleness")
+    exact = True
 
     def may_start(self, epoch: int, min_epoch: int) -> bool:
         return True
@@ -86,7 +98,13 @@ def evaluation_apart(plan: Plan) -> Plan:
     return replace(plan, evaluate=evaluate, widths={**plan.widths, **{n + EVAL_SUFFIX: plan.widths[n] for n in used}})
 
 
-def get_mode(name: str, staleness: int = 0) -> Mode:
+def mode_class(name: str) -> type[Mode]:
+    """The class of mode ``name``: its facts (``description``, ``exact``, ``bounded_staleness``)
+    without an instance."""
     if name not in MODES:
         raise ValueError(f"unknown mode {name!r}; known: {', '.join(MODES)}")
-    return importlib.import_module(MODES[name]).MODE(staleness)
+    return importlib.import_module(MODES[name]).MODE
+
+
+def get_mode(name: str, staleness: int = 0) -> Mode:
+    return mode_class(name)(staleness)

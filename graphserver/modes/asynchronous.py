@@ -13,6 +13,8 @@ from graphserver.modes import Mode
 @dataclass(frozen=True)
 class Async(Mode):
     name = "async"
+    description = "no Scatter barrier and no wait for the weight step, bounded by --staleness"
+    bounded_staleness = True
 
     def may_start(self, epoch: int, min_epoch: int) -> bool:
         return epoch <= min_epoch + self.staleness

@@ -11,6 +11,7 @@ from graphserver.modes import ExactMode
 @dataclass(frozen=True)
 class Pipe(ExactMode):
     name = "pipe"
+    description = "intervals pipelined, Scatter still a barrier"
 
     def barrier_after_stage(self) -> bool:
         return False

@@ -10,6 +10,7 @@ from graphserver.modes import ExactMode
 @dataclass(frozen=True)
 class Sync(ExactMode):
     name = "sync"
+    description = "a barrier after every task stage and Scatter"
 
     def barrier_after_stage(self) -> bool:
         return True
