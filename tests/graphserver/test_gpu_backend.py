@@ -21,7 +21,7 @@ import torch
 
 from dorylus.config import TrainConfig
 from dorylus.errors import ConfigError
-from dorylus.models import get_model
+from dorylus.models import MODELS as REGISTERED_MODELS, get_model
 from dorylus.models.base import GATHER, GATHER_BACKWARD
 from dorylus.models.spec import ModelSpec
 from dorylus.partition import assign_parts, open_store, write_store
@@ -33,8 +33,9 @@ from tests.graphs import random_graph
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=CUDA)]
 NUM_NODES, NUM_FEATURES, NUM_CLASSES, NUM_PARTS = 60, 7, 3, 3
-MODELS = {"gcn": dict(model="gcn", hidden=4), "gat": dict(model="gat", hidden=3, heads=2, attention_dropout=0.3),
-          "sage": dict(model="sage", hidden=4)}
+# Every registered model, small; GAT with 2 heads of 3 and attention dropout (its edge masks).
+MODEL_OPTIONS = {"gat": dict(hidden=3, heads=2, attention_dropout=0.3)}
+MODELS = {name: dict(model=name, **MODEL_OPTIONS.get(name, dict(hidden=4))) for name in REGISTERED_MODELS}
 
 
 @pytest.fixture(scope="module")
