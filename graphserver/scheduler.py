@@ -252,6 +252,7 @@ class Scheduler:
             **server.take_traffic(),
         }
         server.reports.append(report)
+        server.progress_changed()
         del self.records[epoch]
         self.oldest_unfinished = max(self.oldest_unfinished, epoch + 1)
         if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps

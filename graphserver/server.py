@@ -76,6 +76,10 @@ from graphserver.scheduler import PASSES, Scheduler
 
 logger = logging.getLogger(__name__)
 
+# A progress request may wait this long for news (meta ``wait_s``): the coordinator asks once per
+# epoch instead of polling, and a forged request cannot hold a task for long.
+MAX_PROGRESS_WAIT_S = 5.0
+
 
 class Refused(dorylus.peer.Refused, TaskFailed):
     """A server answered ERROR; ``code`` says why (e.g. ``epoch_ahead``: not yet, try again)."""
@@ -157,6 +161,8 @@ class GraphServer:
         # The last spot/termination notice of this machine (dorylus.spot, --spot-watch), passed to
         # the coordinator in every progress reply so that it checkpoints at once.
         self.interruption: str | None = None
+        self.interruption_sent: str | None = None  # the notice the last progress reply carried
+        self.progress_news = asyncio.Event()  # set by progress_changed
         self.in_flight: dict[str, float] = {}  # function calls running: description -> start (monotonic)
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
@@ -600,20 +606,57 @@ class GraphServer:
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={"intervals": len(self.state.intervals)}))
         elif command == "progress":
             min_epoch = command_field(header, "min_epoch", int, minimum=0, default=0)
+            wait_s = min(float(command_field(header, "wait_s", (int, float), minimum=0, default=0)), MAX_PROGRESS_WAIT_S)
             if min_epoch > self.min_epoch:
                 self.min_epoch = min_epoch
                 self.gate_changed.set()
-            if self.failure is not None:
-                raise TaskFailed(self.failure)
-            # Oldest first and bounded per reply: what does not fit waits for the next progress.
-            count = protocol.take_fitting(self.reports)
-            reports, self.reports = self.reports[:count], self.reports[count:]
-            done = self.training is not None and self.training.done()
-            reply = protocol.reply_to(header, Op.ACK, meta={"done": done, "more": bool(self.reports),
-                                                                 "interruption": self.interruption}, doc=reports)
-            await self._reply(identity, reply)
+            if wait_s > 0 and not self._progress_ready():
+                # Answered when there is news, from a task of its own: the loop serves the others meanwhile.
+                asyncio.create_task(self._progress_later(identity, header, wait_s))
+            else:
+                await self._progress_reply(identity, header)
         else:
             raise ProtocolError("bad_command", f"unknown command {command!r:.40}", req=header.req)
+
+    def _progress_ready(self) -> bool:
+        """Whether a progress reply would carry news: reports, a failure, the end of training or
+        an interruption notice not yet passed on."""
+        return bool(self.reports or self.failure is not None or (self.training is not None and self.training.done())
+                    or self.interruption != self.interruption_sent)
+
+    def progress_changed(self) -> None:
+        """Wake the progress requests waiting for news (a report, a failure, a notice)."""
+        self.progress_news.set()
+
+    async def _progress_later(self, identity: bytes, header: Header, wait_s: float) -> None:
+        try:
+            deadline = asyncio.get_running_loop().time() + wait_s
+            while not self._progress_ready() and (left := deadline - asyncio.get_running_loop().time()) > 0:
+                self.progress_news.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.progress_news.wait(), left)
+            await self._progress_reply(identity, header)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._refuse(identity, header, exc)
+
+    async def _progress_reply(self, identity: bytes, header: Header) -> None:
+        if self.failure is not None:
+            raise TaskFailed(self.failure)
+        # Oldest first and bounded per reply: what does not fit waits for the next progress.
+        count = protocol.take_fitting(self.reports)
+        reports, self.reports = self.reports[:count], self.reports[count:]
+        done = self.training is not None and self.training.done()
+        self.interruption_sent = self.interruption
+        await self._reply(identity, protocol.reply_to(header, Op.ACK, meta={
+            "done": done, "more": bool(self.reports), "interruption": self.interruption}, doc=reports))
+
+    def notice_interruption(self, notice: str) -> None:
+        """This machine's spot/termination notice (:mod:`dorylus.spot`): passed to the coordinator
+        in every progress reply from now on, and at once to a progress request waiting."""
+        self.interruption = notice
+        self.progress_changed()
 
     async def _connect(self, identity: bytes, header: Header, endpoints: list[str]) -> None:
         try:
@@ -652,6 +695,7 @@ class GraphServer:
             for task in self.sending.values():  # a failed or stopped run sends nothing more
                 task.cancel()
             self.sending.clear()
+            self.progress_changed()  # done (or failed): a waiting progress request answers now
 
     def close(self) -> None:
         for peer in self.peers.values():
@@ -671,7 +715,7 @@ class GraphServer:
 _MISSING = object()
 
 
-def command_field(header: Header, name: str, kind: type, *, minimum: int | None = None, default: Any = _MISSING) -> Any:
+def command_field(header: Header, name: str, kind: type | tuple[type, ...], *, minimum: int | None = None, default: Any = _MISSING) -> Any:
     """``header.meta[name]`` of a COMMAND, checked: present (or ``default`` when absent; null is
     never accepted), of ``kind`` (an int is not a bool), at least ``minimum``; else ``bad_command``
     naming the command and the field."""
@@ -679,9 +723,10 @@ def command_field(header: Header, name: str, kind: type, *, minimum: int | None 
     value = header.meta.get(name, default)
     if value is _MISSING:
         raise ProtocolError("bad_command", f"command {command!r} needs meta[{name!r}]", req=header.req)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ProtocolError("bad_command", f"command {command!r}: meta[{name!r}] must be {kind.__name__}, got "
-                            f"{value!r:.40}", req=header.req)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (int in kinds and isinstance(value, bool)):
+        raise ProtocolError("bad_command", f"command {command!r}: meta[{name!r}] must be "
+                            f"{' or '.join(k.__name__ for k in kinds)}, got {value!r:.40}", req=header.req)
     if minimum is not None and value < minimum:
         raise ProtocolError("bad_command", f"command {command!r}: meta[{name!r}] must be >= {minimum}, got {value}",
                             req=header.req)
@@ -734,7 +779,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, server.stopping.set)
         watch = watch_parent(args, lambda: loop.call_soon_threadsafe(server.stopping.set))
         watcher = spot.start_from_args(args, lambda notice: loop.call_soon_threadsafe(
-            setattr, server, "interruption", notice.describe()), f"graph server {args.part}")
+            server.notice_interruption, notice.describe()), f"graph server {args.part}")
         try:
             await server.serve(args.bind, args.ready_file)
         finally:

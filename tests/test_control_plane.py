@@ -260,6 +260,10 @@ def assert_serving(peer: Peer) -> None:
     ({"min_epoch": 1.5}, "min_epoch"),
     ({"min_epoch": True}, "min_epoch"),
     ({"min_epoch": -1}, "min_epoch"),
+    ({"min_epoch": 0, "wait_s": None}, "wait_s"),
+    ({"min_epoch": 0, "wait_s": "1"}, "wait_s"),
+    ({"min_epoch": 0, "wait_s": True}, "wait_s"),
+    ({"min_epoch": 0, "wait_s": -0.5}, "wait_s"),
 ])
 def test_progress_with_a_bad_field_is_refused_and_the_server_keeps_serving(graph_server, peer_of, meta, field):
     peer = peer_of(graph_server.endpoint)
@@ -273,6 +277,43 @@ def test_progress_with_a_bad_field_is_refused_and_the_server_keeps_serving(graph
     stats = peer.request(Header(Op.STATS))
     assert stats.meta["rejected.bad_command"] == 3
     assert graph_server.alive()
+
+
+def test_progress_waits_for_news_while_the_server_serves_others(graph_server, peer_of):
+    """A progress with ``wait_s`` is answered at the server's next report (with it), or once
+    ``wait_s`` passed with nothing; meanwhile the server answers other requests."""
+    coordinator, other = peer_of(graph_server.endpoint), peer_of(graph_server.endpoint)
+    gs = graph_server.server
+    coordinator.req += 1
+    waiting = coordinator.req
+    P.send(coordinator.sock, Header(Op.COMMAND, req=waiting, meta={"command": "progress", "min_epoch": 0,
+                                                                    "wait_s": 30.0}))
+    time.sleep(0.3)
+    assert not coordinator.sock.poll(0, zmq.POLLIN), "answered before any news"
+    assert_serving(other)  # the waiting request does not hold the receive loop
+
+    def news() -> None:
+        gs.reports.append(report(1))
+        gs.progress_changed()
+
+    sent = time.monotonic()
+    graph_server.loop.call_soon_threadsafe(news)
+    reply = coordinator.reply_to(waiting)
+    assert time.monotonic() - sent < 5.0
+    assert reply.op is Op.ACK and [r["epoch"] for r in reply.doc] == [1] and reply.meta["more"] is False
+    start = time.monotonic()
+    empty = coordinator.request(command("progress", min_epoch=0, wait_s=0.4))
+    assert empty.op is Op.ACK and empty.doc == [] and 0.35 <= time.monotonic() - start < 5.0
+
+
+def test_progress_wait_is_capped(graph_server, peer_of, monkeypatch):
+    import graphserver.server
+
+    monkeypatch.setattr(graphserver.server, "MAX_PROGRESS_WAIT_S", 0.5)
+    peer = peer_of(graph_server.endpoint)
+    start = time.monotonic()
+    reply = peer.request(command("progress", min_epoch=0, wait_s=1e9))
+    assert reply.op is Op.ACK and 0.45 <= time.monotonic() - start < TIMEOUT
 
 
 @pytest.mark.parametrize("meta, field", [

@@ -38,7 +38,7 @@ class StandInCluster:
     def command(self, name, **meta):
         assert name == "train"
 
-    def command_replies(self, name, **meta):
+    def command_replies(self, name, *, each=(), **meta):
         assert name == "progress"
         replies = [Header(Op.ACK, meta={"more": False}, doc=self.pending[p]) for p in (0, 1)]
         self.pending = {0: [], 1: []}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import zmq
@@ -121,10 +121,11 @@ class Cluster:
         """Send one command to every graph server at once; returns their replies' meta, by part."""
         return [dict(reply.meta) for reply in self.command_replies(command, **meta)]
 
-    def command_replies(self, command: str, **meta: Any) -> list[Header]:
-        """Send one command to every graph server at once; returns their reply headers (``doc``
-        included), by part."""
-        sent = [peer.send(Header(Op.COMMAND, meta={"command": command, **meta})) for peer in self.servers]
+    def command_replies(self, command: str, *, each: Sequence[dict[str, Any]] = (), **meta: Any) -> list[Header]:
+        """Send one command to every graph server at once (with ``each[part]``'s meta too, when
+        given); returns their reply headers (``doc`` included), by part."""
+        sent = [peer.send(Header(Op.COMMAND, meta={"command": command, **meta, **(each[part] if each else {})}))
+                for part, peer in enumerate(self.servers)]
         return [self._await(pending, command, command)[0] for pending in sent]
 
     def ps_request(self, header: Header, tensors: list[np.ndarray] = ()) -> tuple[Header, list[np.ndarray]]:

@@ -123,8 +123,8 @@ def symmetric_csr(
 
 
 def metis_memory_estimate(num_nodes: int, num_edges: int, symmetric: bool) -> int:
-    """Bytes the METIS path needs: ``16 E`` for the in-memory edge list, ``110`` per adjacency
-    entry (``E`` entries when the list already holds both directions of each pair, else up to
+    """Bytes the METIS path needs: ``16 E`` for the in-memory edge list,
+    :data:`METIS_BYTES_PER_ENTRY` per adjacency entry (``E`` entries when the list already holds both directions of each pair, else up to
     ``2E``) and ``64 N`` of per-vertex arrays."""
     entries = num_edges if symmetric else 2 * num_edges
     return (EDGE_LIST_BYTES_PER_EDGE * num_edges + METIS_BYTES_PER_ENTRY * entries
