@@ -9,6 +9,12 @@ Placement follows Lambda's: a call goes to the idle worker that ran its function
 if that was within ``keep_warm_s`` (a warm start); otherwise to another idle worker, and the call
 is a cold start (``Outcome.cold``; the worker sleeps the call's ``cold_start_ms``, billed as
 INIT). So sequential calls reuse one warm worker, and only calls that overlap spread out.
+
+A call may carry an ``affinity`` (any hashable: the emulator's ``affinity`` function of its
+payload). Among the warm idle workers, one whose last call had the same affinity is preferred:
+Lambda promises no placement, so this is one of the placements it may make, and the one that
+keeps a sandbox's cached data (the tensor function caches its interval's static rows) from
+being copied into every sandbox of this one machine.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class _Worker:
         child.close()
         self.ready = False
         self.last_call_end: dict[str, float] = {}  # handler spec -> time.monotonic()
+        self.last_affinity: tuple[str, Any] | None = None  # (handler spec, affinity) of its last call
         self.idle_since = 0.0
         self._stop_lock = threading.Lock()
         # One log stream per sandbox, named like Lambda's: date/[version]id.
@@ -172,9 +179,10 @@ class WorkerPool:
             self._idle.append(worker)
             self._changed.notify()
 
-    def _acquire(self, spec: str) -> tuple[_Worker | None, bool]:
-        """An idle worker for a call of ``spec`` and whether the call is a cold start there;
-        (None, False) when the pool is closed or none came free within the start timeout."""
+    def _acquire(self, spec: str, affinity: Any = None) -> tuple[_Worker | None, bool]:
+        """An idle worker for a call of ``spec`` (of ``affinity``) and whether the call is a cold
+        start there; (None, False) when the pool is closed or none came free within the start
+        timeout."""
         give_up = time.monotonic() + self._start_timeout_s
         with self._lock:
             while not self._idle and not self._closed:
@@ -189,9 +197,11 @@ class WorkerPool:
             def preference(worker: _Worker) -> tuple:
                 last = worker.last_call_end.get(spec)
                 warm = last is not None and now - last <= self._keep_warm_s
-                # Warm for this function, most recent first; else a started worker, and among
-                # those the one idle the shortest (it is likely still in the CPU's caches).
-                return (warm, last if warm else 0.0, worker.ready_now(), worker.idle_since)
+                # Warm for this function, of the call's affinity first, most recent first; else a
+                # started worker, and among those the one idle the shortest (it is likely still
+                # in the CPU's caches).
+                same = warm and affinity is not None and worker.last_affinity == (spec, affinity)
+                return (warm, same, last if warm else 0.0, worker.ready_now(), worker.idle_since)
 
             worker = max(self._idle, key=preference)
             self._idle.remove(worker)
@@ -213,8 +223,8 @@ class WorkerPool:
     def run(self, call: dict[str, Any], timeout_s: float) -> Outcome:
         """Run ``call`` (see :func:`dorylus.emulator.worker.run_call`; ``deadline``, ``cold``
         and ``log_stream_name`` are filled in here) within ``timeout_s`` seconds."""
-        request_id, spec = call["request_id"], call["handler"]
-        worker, cold = self._acquire(spec)
+        request_id, spec, affinity = call["request_id"], call["handler"], call.get("affinity")
+        worker, cold = self._acquire(spec, affinity)
         if worker is None:
             with self._lock:
                 closed = self._closed
@@ -231,6 +241,7 @@ class WorkerPool:
              "log_stream_name": worker.log_stream_name}, timeout_s)
         if kind == "ok":
             worker.last_call_end[spec] = time.monotonic()
+            worker.last_affinity = (spec, affinity)
             self._release(worker)
             return Outcome(**result, cold=cold)
         elapsed_ns = int((time.monotonic() - start) * 1e9)

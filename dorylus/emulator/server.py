@@ -82,7 +82,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -232,7 +232,8 @@ class EmulatorServer:
     def __init__(self, host: str, port: int, functions: Mapping[str, str], concurrency: int,
                  memory_mb: int, timeout_s: float, start_latency_ms: float = 0.0,
                  code_dirs: Sequence[str] = (), *, physics: Physics | None = None,
-                 faults: FaultPlan | None = None, environment: Mapping[str, str] | None = None):
+                 faults: FaultPlan | None = None, environment: Mapping[str, str] | None = None,
+                 affinity: Callable[[bytes], Hashable] | None = None):
         if concurrency < 1:
             raise ConfigError(f"lambda emulator: concurrency must be >= 1, got {concurrency}")
         if not MEMORY_RANGE_MB[0] <= memory_mb <= MEMORY_RANGE_MB[1]:
@@ -261,6 +262,7 @@ class EmulatorServer:
         # An all-zero plan is no plan: no hashing on the call path.
         self.faults = faults if faults is not None and faults.active else None
         self._fault_plan = faults
+        self.affinity = affinity
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._in_flight = 0
@@ -392,7 +394,12 @@ class EmulatorServer:
         physics = self.physics
         call.update(cold_start_ms=physics.cold_start_ms, vcpus=physics.vcpus(self.memory_mb),
                     bandwidth_bytes_per_s=physics.bandwidth_bytes_per_s, fault=None,
-                    environment=self.environment)
+                    environment=self.environment, affinity=None)
+        if self.affinity is not None:
+            try:
+                call["affinity"] = self.affinity(call["payload"])
+            except Exception:  # a payload the function does not place: any warm worker
+                call["affinity"] = None
         if self.faults is not None:
             fault = call["fault"] = self.faults.choose(call["payload"])
             if fault is not None:
@@ -609,7 +616,8 @@ def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] |
           concurrency: int | None = None, memory_mb: int = 1024, timeout_s: float = MAX_TIMEOUT_S,
           start_latency_ms: float = 0.0, code_dirs: Sequence[str] = (), *,
           physics: Physics | None = None, faults: FaultPlan | None = None,
-          environment: Mapping[str, str] | None = None) -> EmulatorServer:
+          environment: Mapping[str, str] | None = None,
+          affinity: Callable[[bytes], Hashable] | None = None) -> EmulatorServer:
     """Start an emulator in background threads and return it once every worker is ready.
 
     ``functions``: ``{name: "package.module:function"}`` (default: the tensor function,
@@ -620,13 +628,15 @@ def serve(host: str = "127.0.0.1", port: int = 0, functions: Mapping[str, str] |
     When ``physics`` is given it wins: ``start_latency_ms`` is ignored (use
     ``physics.start_latency_ms``). ``faults``: seeded fault injection (default: none).
     ``environment``: variables set for the functions, as Lambda's configuration does (the
-    workers also inherit this process's environment). Stop it with ``close()`` or a ``with``
-    block.
+    workers also inherit this process's environment). ``affinity``: a function of a call's
+    payload whose value places it, among warm workers, on one whose last call had the same
+    (:mod:`dorylus.emulator.pool`; None or raising: any warm worker). Stop it with ``close()``
+    or a ``with`` block.
     """
     return EmulatorServer(host, port, DEFAULT_FUNCTIONS if functions is None else functions,
                           default_concurrency() if concurrency is None else concurrency,
                           memory_mb, timeout_s, start_latency_ms, code_dirs,
-                          physics=physics, faults=faults, environment=environment)
+                          physics=physics, faults=faults, environment=environment, affinity=affinity)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -96,6 +97,15 @@ def emulator_physics(config):
     return Physics(start_latency_ms=config.lambda_start_latency_ms, cold_start_ms=config.lambda_cold_start_ms,
                    keep_warm_s=config.lambda_keep_warm_s, bandwidth_mbps=config.lambda_bandwidth_mbps,
                    cpu_share=config.lambda_cpu_share)
+
+
+def call_affinity(payload: bytes) -> tuple[int, int]:
+    """A call's (part, interval), from its event: the local emulator gives the calls of one
+    interval the sandbox that last ran one, whose cache holds that interval's static rows (with
+    the most recent warm sandbox instead, every sandbox came to cache most intervals' features:
+    0.55 GiB each on an ogbn-products-sized graph)."""
+    event = json.loads(payload)
+    return int(event["part"]), int(event["interval"])
 
 
 def emulator_workers(config, parts: int) -> int:
@@ -172,7 +182,8 @@ class LambdaBackend(LimitedBackend):
                          faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
                                           hang_fraction=c.fault_hang, straggle_fraction=c.fault_straggle,
                                           straggle_factor=c.fault_straggle_factor, seed=c.fault_seed),
-                         environment=curve.function_environment(keys_dir) if keys_dir is not None else None)
+                         environment=curve.function_environment(keys_dir) if keys_dir is not None else None,
+                         affinity=call_affinity)
         try:
             yield LocalServices(["--lambda-endpoint", emulator.url, "--function-name", FUNCTION_NAME], emulator.stats)
         finally:

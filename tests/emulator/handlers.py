@@ -33,6 +33,12 @@ def sleep(event, context):
     return {"slept": event["seconds"]}
 
 
+def pid(event, context):
+    """Sleep ``event["seconds"]`` and return the sandbox's process id."""
+    time.sleep(event["seconds"])
+    return os.getpid()
+
+
 def noop(event, context):
     return None
 

@@ -561,3 +561,22 @@ def test_a_client_that_hangs_up_mid_call_leaves_the_call_to_finish_and_free_its_
             assert json.loads(r["Payload"].read())["event"] == {"x": 1} and "FunctionError" not in r
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("with_affinity", [True, False])
+def test_affinity_places_a_call_on_the_warm_sandbox_of_its_key(with_affinity):
+    """Two overlapping calls warm two sandboxes, "a"'s ending last; a later call of key "b" goes
+    to "b"'s sandbox with the affinity and to the most recent one ("a"'s) without."""
+    affinity = (lambda payload: json.loads(payload)["key"]) if with_affinity else None
+    with serve(functions={"pid": f"{H}:pid"}, concurrency=3, memory_mb=128, timeout_s=30,
+               code_dirs=[CODE_DIR], affinity=affinity) as server:
+        def call(key: str, seconds: float) -> dict:
+            return {"FunctionName": "pid", "Payload": json.dumps({"key": key, "seconds": seconds})}
+
+        first = aio_invoke(server, call("a", 0.6), call("b", 0.0))
+        pid_a, pid_b = (json.loads(payload) for _, payload in first)
+        assert pid_a != pid_b
+        (_, later), = aio_invoke(server, call("b", 0.0))
+        assert json.loads(later) == (pid_b if with_affinity else pid_a)
+        (_, again), = aio_invoke(server, call("a", 0.0))
+        assert json.loads(again) == pid_a
