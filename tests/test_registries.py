@@ -1,6 +1,7 @@
 """The registries are the one list of models and modes: every registered model and mode is a
-CLI choice, passes the config's validation, is a choice of the planner, and is met by the test
-matrices (issue 20 item 3). A new model or mode that one of them misses fails here."""
+CLI choice (every mode described in train's and plan's --mode help), passes the config's
+validation, is a choice of the planner, and is met by the test matrices (issue 20 item 3). A new
+model or mode that one of them misses fails here."""
 
 from __future__ import annotations
 
@@ -15,12 +16,22 @@ from dorylus.models import MODELS
 from graphserver.modes import MODES, mode_class
 
 
-def _choices(parser, *path: str, dest: str) -> tuple:
-    """The choices of option ``dest`` of subcommand ``path``."""
+def _option(parser, *path: str, dest: str):
+    """Option ``dest`` of subcommand ``path`` (its argparse action)."""
     for name in path:
         sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
         parser = sub.choices[name]
-    return tuple(next(a for a in parser._actions if a.dest == dest).choices)
+    return next(a for a in parser._actions if a.dest == dest)
+
+
+def _choices(parser, *path: str, dest: str) -> tuple:
+    """The choices of option ``dest`` of subcommand ``path``."""
+    return tuple(_option(parser, *path, dest=dest).choices)
+
+
+def _help(parser, *path: str, dest: str) -> str:
+    """The help of option ``dest`` of subcommand ``path``, its whitespace collapsed."""
+    return " ".join(_option(parser, *path, dest=dest).help.split())
 
 
 def _test_module(name: str):
@@ -33,6 +44,14 @@ def test_the_cli_offers_every_model_and_mode():
     assert _choices(parser, "train", dest="mode") == tuple(MODES)
     assert _choices(parser, "plan", dest="model") == tuple(MODELS)
     assert _choices(parser, "plan", dest="mode") == tuple(MODES)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_mode_help_of_train_and_plan_describes_every_mode(mode):
+    parser = build_parser()
+    line = f"'{mode}' = {' '.join(mode_class(mode).description.split())}"
+    assert line in _help(parser, "train", dest="mode")
+    assert line in _help(parser, "plan", dest="mode")
 
 
 @pytest.mark.parametrize("model", MODELS)

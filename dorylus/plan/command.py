@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+from dorylus.config import TrainConfig
 from dorylus.errors import ConfigError
 from dorylus.models import MODELS
 from dorylus.plan.calibration import Calibration
 from dorylus.plan.catalog import WORKLOADS
-from dorylus.plan.model import MODES, Prediction, graph_bytes
+from dorylus.plan.model import MODES, Prediction, Setup, graph_bytes
 from dorylus.plan.runtime import measure
 from graphserver.backends import BACKENDS, backend_class
+from graphserver.modes import mode_class
 from dorylus.plan.planner import (
-    LocalOptions, ScaleOptions, SpotOptions, and_list, local_default_backends, local_shape, measured_epoch_s,
-    plan_local, plan_scale, predicted_backends, run_options, spot_estimate, to_json,
+    LAMBDA_MEMORY_MB, LocalOptions, ScaleOptions, SpotOptions, and_list, local_default_backends, local_shape,
+    measured_epoch_s, plan_local, plan_scale, predicted_backends, run_options, spot_estimate, to_json,
 )
 
 # The table at scale's yardstick ("value vs cpu"): CPU graph servers doing their own tensor work,
@@ -48,19 +51,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--intervals", type=int, default=2, help="intervals per graph server (default 2)")
     local.add_argument("--functions", type=int, help="concurrent calls per graph server (default: --intervals)")
     local.add_argument("--lambda-memory-mb", type=int,
-                       help="function memory in MB (default: 1024 locally, as `dorylus train`; at scale the best "
-                            "value of 512, 1024, 1769 and 3008)")
+                       help=f"function memory in MB (default: {LocalOptions.lambda_memory_mb} locally, as `dorylus "
+                            f"train`; at scale the best value of {and_list([str(m) for m in LAMBDA_MEMORY_MB])})")
     model = parser.add_argument_group("model and run")
-    model.add_argument("--hidden", type=int, help="hidden width (default: 16 locally, as `dorylus train`; 128 at "
-                                                  "scale)")
+    model.add_argument("--hidden", type=int, help=f"hidden width (default: {LocalOptions.hidden} locally; "
+                                                  f"{ScaleOptions.hidden} at scale)")
     model.add_argument("--layers", type=int, default=2, help="layers (default 2)")
     model.add_argument("--model", choices=tuple(MODELS),
-                       help="the model of a local prediction (default: gcn, or the run's; the table at scale is "
-                            "GCN's)")
-    model.add_argument("--heads", type=int, help="gat: heads of every layer but the last (default 8, or the run's)")
-    model.add_argument("--out-heads", type=int, help="gat: heads of the last layer (default 1, or the run's)")
-    model.add_argument("--mode", choices=MODES, help="sync sums the stages; pipe overlaps graph work with function "
-                                                     "calls (default: sync locally, pipe at scale)")
+                       help=f"the model of a local prediction (default: {LocalOptions.model}, or the run's; the "
+                            f"table at scale is {Setup.model.upper()}'s)")
+    for name in ("heads", "out_heads"):
+        model.add_argument(f"--{name.replace('_', '-')}", type=int,
+                           help=f"{train_help(name)} (default: the model's, as `dorylus train`, or the run's)")
+    model.add_argument("--mode", choices=MODES, help=mode_help())
     model.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
                        help="include an evaluation pass in every epoch (default: yes locally, as `dorylus train "
                             "--eval-every 1`; no at scale)")
@@ -100,6 +103,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="spot's saving over on-demand, in [0, 1) (default: the instance family's typical "
                            "saving from the Spot Instance Advisor, in dorylus/plan/catalog.py)")
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write the predictions to FILE as JSON")
+
+
+def train_help(name: str) -> str:
+    """The help of ``dorylus train``'s option ``name`` (its field in :mod:`dorylus.config`), which
+    names the models it applies to."""
+    return next(f.metadata["help"] for f in fields(TrainConfig) if f.name == name)
+
+
+def mode_help() -> str:
+    """``--mode``'s help: every mode of :data:`graphserver.modes.MODES` by its own description,
+    and how the planner prices it (by its stage barrier, :mod:`dorylus.plan.model`)."""
+    summed = [name for name in MODES if mode_class(name)().barrier_after_stage()]
+    overlapped = [name for name in MODES if name not in summed]
+    ahead = [name for name in overlapped if mode_class(name).bounded_staleness]
+    text = "scheduler: " + "; ".join(f"'{name}' = {mode_class(name).description}" for name in MODES)
+    if summed:
+        text += f". Priced by its stage barrier: {and_list(summed)} sum{'s' * (len(summed) == 1)} the stages"
+    if overlapped:
+        text += (f"{'; ' if summed else '. Priced: '}{and_list(overlapped)} overlap{'s' * (len(overlapped) == 1)} "
+                 f"graph work with function calls")
+    if ahead:
+        text += (f"; {and_list(ahead)} as if {'it' if len(ahead) == 1 else 'they'} never ran ahead across "
+                 f"epochs (an upper bound)")
+    return text + f" (default: {LocalOptions.mode} locally, {ScaleOptions.mode} at scale)"
 
 
 def scale_instances() -> str:
@@ -209,8 +236,8 @@ def _scale(args: argparse.Namespace, calibration: Calibration, out) -> list[Pred
     predictions = plan_scale(calibration, options, args.workload)
     from dorylus.cost import DEFAULT_PRICES as prices
 
-    print(f"predicted training epoch at scale: GCN hidden {options.hidden}, {options.layers} layers, mode "
-          f"{options.mode}, evaluation pass {'on' if options.evaluate else 'off'}, edge-cut fraction "
+    print(f"predicted training epoch at scale: {Setup.model.upper()} hidden {options.hidden}, {options.layers} "
+          f"layers, mode {options.mode}, evaluation pass {'on' if options.evaluate else 'off'}, edge-cut fraction "
           f"{options.cut_fraction}, cached static inputs {options.static_cached:g}; {prices.region} on-demand "
           f"prices as of {prices.as_of}", file=out)
     header = ["workload", "backend", "graph servers", "intervals", "GiB/server", "B/entry", "s/epoch", "$/epoch",
