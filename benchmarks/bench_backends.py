@@ -1,6 +1,8 @@
-"""Epoch time, dollars and value of the reference, cpu and lambda backends on the same job.
+"""Epoch time, dollars and value of the backends on the same job (default: those on CPU cores).
 
-Every backend trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
+Every backend (``--backends``: any of ``graphserver.backends.BACKENDS``; default: the one
+without graph servers, the reference, then every one whose tensor work runs on CPU cores) trains
+the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
 recipe) on the same dataset through ``dorylus.coordinator.training.run_training``, each in a fresh run
 directory under a temp dir; the distributed backends partition the dataset (METIS, ``--parts``
 graph servers, ``--intervals`` each) before their first epoch, outside the timed
@@ -19,8 +21,10 @@ ghost rows sent to peers, and tensors sent to the parameter server (the cpu back
 pushes); the functions' own weight pulls and gradient pushes to the parameter server (lambda
 backend) pass no graph server and are not counted.
 
-Exactness. Sync mode reproduces the reference, so the cpu and lambda final losses must equal
-the reference's to ``--tolerance`` relative (default 1e-5); the check is printed and stored.
+Exactness. An exact mode (``--mode``; ``exact`` in ``graphserver.modes``, sync for one)
+reproduces the reference, so every other backend's final loss must equal the reference's to
+``--tolerance`` relative (default 1e-5); the check is printed and stored, and fails the run. In
+a mode that is not exact the differences are printed and stored, not judged.
 
     python benchmarks/bench_backends.py
     python benchmarks/bench_backends.py --dataset synthetic-small --parts 4 --intervals 3 --epochs 20
@@ -33,6 +37,7 @@ Runs on a shared machine are noisy: the load average before and after is printed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import os
 import statistics
@@ -51,12 +56,22 @@ from dorylus.data.loaders import load_dataset
 from dorylus.errors import DorylusError
 from dorylus.runs import read_metrics
 from dorylus.coordinator.training import run_training
+from graphserver.backends import BACKENDS, backend_class
+from graphserver.modes import MODES, mode_class
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BACKENDS = ("reference", "cpu", "lambda")
+# The reference (the backend without graph servers: the losses' yardstick) first, then every
+# backend whose tensor work runs on this machine's CPU cores.
+DEFAULT_BACKENDS = tuple([n for n in BACKENDS if not backend_class(n).graph_servers]
+                         + [n for n in BACKENDS if backend_class(n).graph_servers and backend_class(n).device == "cpu"])
 TASKS = ("ga_s", "av_s", "sc_s", "ga_bwd_s", "sc_bwd_s", "av_bwd_s", "wu_s")
 TRAFFIC = ("functions", "ghosts", "params")
+
+
+def mode_help() -> str:
+    """``dorylus train --mode``'s help (every mode of the registry, by its description)."""
+    return next(f.metadata["help"] for f in dataclasses.fields(TrainConfig) if f.name == "mode")
 
 
 def mean(values: list[float]) -> float:
@@ -95,21 +110,22 @@ def measure(backend: str, base: TrainConfig, dataset, workdir: Path, warmup: int
     }
 
 
-def loss_checks(rows: list[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
-    """Relative difference of each distributed backend's losses from the reference's."""
-    reference = next((r for r in rows if r["backend"] == "reference"), None)
+def loss_checks(rows: list[dict[str, Any]], tolerance: float, exact: bool = True) -> list[dict[str, Any]]:
+    """Relative difference of each distributed backend's losses from the reference's (the backend
+    without graph servers); ``ok`` is None where the mode is not ``exact`` (nothing to judge)."""
+    reference = next((r for r in rows if not backend_class(r["backend"]).graph_servers), None)
     if reference is None:
         return []
     checks = []
     for row in rows:
-        if row["backend"] == "reference":
+        if row is reference:
             continue
         ref, got = np.array(reference["losses"]), np.array(row["losses"])
         relative = np.abs(got - ref) / np.abs(ref)
         checks.append({"backend": row["backend"], "final_loss": row["final_loss"],
                        "reference_final_loss": reference["final_loss"],
                        "final_rel_diff": float(relative[-1]), "max_rel_diff_any_epoch": float(relative.max()),
-                       "tolerance": tolerance, "ok": bool(relative[-1] <= tolerance)})
+                       "tolerance": tolerance, "ok": bool(relative[-1] <= tolerance) if exact else None})
     return checks
 
 
@@ -151,13 +167,15 @@ def backend_list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="synthetic-1m", help="dataset spec: a preset or a path (default: synthetic-1m)")
-    parser.add_argument("--backends", type=backend_list, default=list(BACKENDS),
-                        help="comma-separated backends to run, in order (default: reference,cpu,lambda)")
+    parser.add_argument("--backends", type=backend_list, default=list(DEFAULT_BACKENDS),
+                        help=f"comma-separated backends to run, in order, of {','.join(BACKENDS)} (default: "
+                             f"{','.join(DEFAULT_BACKENDS)})")
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers / partitions (default: 2)")
     parser.add_argument("--intervals", type=positive_int, default=2, help="intervals per graph server (default: 2)")
     parser.add_argument("--functions", type=positive_int, default=None,
                         help="concurrent calls per graph server (default: autotuned)")
-    parser.add_argument("--mode", choices=("sync", "pipe", "async"), default="sync", help="scheduler mode")
+    parser.add_argument("--mode", choices=tuple(MODES), default=TrainConfig.mode,
+                        help=f"{mode_help()} (default: {TrainConfig.mode})")
     parser.add_argument("--epochs", type=positive_int, default=10, help="timed epochs (default: 10)")
     parser.add_argument("--warmup", type=int, default=2, help="epochs run first and dropped (default: 2)")
     parser.add_argument("--layers", type=positive_int, default=TrainConfig.layers, help="GCN layers (default: 2)")
@@ -191,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append(row)
             print(f"  {backend}: {row['epoch_s_median']:.3f} s/epoch (median), "
                   f"{row['overhead_s']:.1f} s outside epochs", flush=True)
-    checks = loss_checks(rows, args.tolerance)
+    checks = loss_checks(rows, args.tolerance, exact=mode_class(args.mode).exact)
     load_after = os.getloadavg()
 
     print()
@@ -207,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_tasks(rows)
     print()
     for c in checks:
-        verdict = "OK" if c["ok"] else "MISMATCH"
+        verdict = f"not judged ({args.mode} is not exact)" if c["ok"] is None else "OK" if c["ok"] else "MISMATCH"
         print(f"loss check {c['backend']} vs reference: final {c['final_loss']:.8f} vs {c['reference_final_loss']:.8f}, "
               f"relative diff {c['final_rel_diff']:.2e} (max over epochs {c['max_rel_diff_any_epoch']:.2e}), "
               f"tolerance {c['tolerance']:.0e}: {verdict}")
@@ -236,5 +254,5 @@ if __name__ == "__main__":  # required: the emulator's workers are started with 
         result = main()
     except DorylusError as e:
         sys.exit(f"bench_backends: {e}")
-    if not all(c["ok"] for c in result["loss_checks"]):
+    if any(c["ok"] is False for c in result["loss_checks"]):
         sys.exit(1)

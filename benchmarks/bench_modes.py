@@ -1,19 +1,23 @@
-"""Epoch time, staleness and accuracy of the sync, pipe and async scheduler modes on the same job.
+"""Epoch time, staleness and accuracy of the scheduler modes on the same job.
 
 Goal (issue 21): **under --aws-like, async S=1 at least 1.3x faster per epoch than sync, and with
 --stale-correction its final test accuracy within 1 point of sync's** (on a 2-part graph of at
 least 30K vertices). The verdict is printed and stored; it does not change the exit status.
 
 Every mode trains the same ``TrainConfig`` (default: 2-layer GCN, hidden 16, the Planetoid
-recipe; backend ``lambda`` through the local emulator (``--backend``), ``--aws-like`` physics on
+recipe; backend ``lambda`` through the local emulator (``--backend``: a backend with graph servers
+on CPU cores), ``--aws-like`` physics on
 unless ``--no-aws-like``: Lambda's figures and EC2's network and compute jitter between graph
 servers) through ``dorylus.coordinator.training.run_training``, each in a fresh run directory under a temp
 dir. Each dataset (``--dataset``, repeatable; default ``synthetic-1m``, 64K vertices, and Cora) is
 partitioned once (METIS, ``--parts`` graph servers) into one partition store before any mode runs,
 outside every timing, and every mode trains on that store (``TrainConfig.partitions``). Modes
-(``--modes``): ``sync``, ``pipe``, ``asyncS`` for ``--mode async --staleness S``, ``asyncSc`` for
-the same with ``--stale-correction`` (S >= 1); default ``sync,pipe,async0,async1,async1c,async2,
-async2c``. Sync is the baseline and always runs first (it is added when missing).
+(``--modes``), each a mode of ``graphserver.modes.MODES``: its name (``sync``, ``pipe``) or, for
+a mode with bounded staleness, ``<mode>S`` for ``--mode <mode> --staleness S`` (``async1``) and
+``<mode>Sc`` for the same with ``--stale-correction`` (S >= 1: ``async1c``); default every mode,
+a bounded one at S = 0, 1 and 2 and with the correction at 1 and 2
+(``sync,pipe,async0,async1,async1c,async2,async2c``). Sync is the baseline and always runs first
+(it is added when missing).
 
 Evaluation runs every epoch (``eval_every = 1``): ``epoch_s`` is the coordinator's wall time of
 one step, training pass **and** the evaluation forward pass, in every mode alike. Per mode:
@@ -60,10 +64,20 @@ from dorylus.errors import DorylusError
 from dorylus.partition import assign_parts, open_store, write_store
 from dorylus.runs import read_metrics
 from dorylus.coordinator.training import run_training
+from graphserver.backends import BACKENDS, backend_class
+from graphserver.modes import MODES, mode_class
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_MODES = "sync,pipe,async0,async1,async1c,async2,async2c"
+BASELINE = "sync"  # every mode's speed and accuracy are compared with it (issue 21's goal)
+GOAL_MODE = "async"  # the goal's mode: at S = 1, and with --stale-correction
+STALENESS_VARIANTS = ("0", "1", "1c", "2", "2c")  # the default runs of a mode with bounded staleness
+DEFAULT_MODES = ",".join(v for name in MODES for v in (
+    [f"{name}{s}" for s in STALENESS_VARIANTS] if mode_class(name).bounded_staleness else [name]))
+# where the tensor work may run: a backend with graph servers on CPU cores (aws-like physics is theirs)
+BENCH_BACKENDS = tuple(n for n in BACKENDS if backend_class(n).graph_servers and backend_class(n).device == "cpu")
+if BASELINE not in MODES or not mode_class(GOAL_MODE).bounded_staleness:  # mode_class: a registered mode
+    raise ImportError(f"bench_modes: the baseline {BASELINE!r} or the goal's mode {GOAL_MODE!r} left the registry")
 DEFAULT_DATASETS = ["synthetic-1m", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "cora.npz")]
 GOAL_SPEEDUP = 1.3      # async S=1 vs sync, per epoch
 GOAL_ACC_POINTS = 0.01  # |final test acc - sync's| at most one point: async S=1 with correction
@@ -74,14 +88,22 @@ def mean(values: list[float]) -> float:
 
 
 def parse_mode(name: str) -> tuple[str, int, bool]:
-    """``sync`` -> (sync, 0, False), ``async3`` -> (async, 3, False), ``async1c`` -> (async, 1, True)."""
-    if name in ("sync", "pipe"):
+    """``sync`` -> (sync, 0, False), ``async3`` -> (async, 3, False), ``async1c`` -> (async, 1, True):
+    the mode (one of :data:`graphserver.modes.MODES`), its staleness bound and stale correction. A
+    mode with bounded staleness takes its bound after its name; any other mode is its name alone."""
+    if name in MODES and not mode_class(name).bounded_staleness:
         return name, 0, False
-    match = re.fullmatch(r"async(\d+)(c?)", name)
-    if match and not (match.group(2) and int(match.group(1)) == 0):
-        return "async", int(match.group(1)), bool(match.group(2))
-    raise argparse.ArgumentTypeError(f"unknown mode {name!r}: use sync, pipe, asyncS (S = staleness bound, e.g. "
-                                     f"async0) or asyncSc (with --stale-correction, S >= 1, e.g. async1c)")
+    match = re.fullmatch(r"(.*?)(\d+)(c?)", name)
+    if match and match.group(1) in MODES and mode_class(match.group(1)).bounded_staleness \
+            and not (match.group(3) and int(match.group(2)) == 0):
+        return match.group(1), int(match.group(2)), bool(match.group(3))
+    raise argparse.ArgumentTypeError(f"unknown mode {name!r}: use {mode_forms()}")
+
+
+def mode_forms() -> str:
+    """The ``--modes`` forms: each mode's name, or ``<mode>S`` / ``<mode>Sc`` for a bounded one."""
+    return ", ".join(f"{m}S (S = staleness bound, e.g. {m}0), {m}Sc (with --stale-correction, S >= 1, e.g. {m}1c)"
+                     if mode_class(m).bounded_staleness else m for m in MODES)
 
 
 def mode_list(text: str) -> list[str]:
@@ -92,9 +114,9 @@ def mode_list(text: str) -> list[str]:
         parse_mode(name)
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"--modes lists a mode twice: {text!r}")
-    if "sync" in names:
-        names.remove("sync")
-    return ["sync"] + names  # the baseline first
+    if BASELINE in names:
+        names.remove(BASELINE)
+    return [BASELINE] + names  # the baseline first
 
 
 def time_to_target(history: list[dict[str, Any]], target: float) -> tuple[float | None, int | None]:
@@ -156,8 +178,8 @@ def add_targets(rows: list[dict[str, Any]], fraction: float) -> float:
 def goal_check(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Async S=1's speedup (the corrected run's if it ran, else the plain one's) and the corrected
     run's accuracy against sync's."""
-    corrected = next((r for r in rows if r["mode"] == "async1c"), None)
-    row = corrected or next((r for r in rows if r["mode"] == "async1"), None)
+    corrected = next((r for r in rows if r["mode"] == f"{GOAL_MODE}1c"), None)
+    row = corrected or next((r for r in rows if r["mode"] == f"{GOAL_MODE}1"), None)
     if row is None:
         return None
     speed_ok = row["speedup_vs_sync"] >= GOAL_SPEEDUP
@@ -190,9 +212,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="dataset spec: a preset or a path; repeat for more (default: synthetic-1m and "
                              "../shared/data/cora.npz)")
     parser.add_argument("--modes", type=mode_list, default=mode_list(DEFAULT_MODES),
-                        help=f"comma-separated modes: sync, pipe, asyncS (S = staleness bound), asyncSc (with "
-                             f"--stale-correction); sync always runs first as the baseline (default: {DEFAULT_MODES})")
-    parser.add_argument("--backend", choices=("lambda", "cpu"), default="lambda",
+                        help=f"comma-separated modes: {mode_forms()}; {BASELINE} always runs first as the "
+                             f"baseline (default: {DEFAULT_MODES})")
+    parser.add_argument("--backend", choices=BENCH_BACKENDS, default="lambda",
                         help="where the tensor work runs (default: lambda, through the local emulator)")
     parser.add_argument("--parts", type=positive_int, default=2, help="graph servers / partitions (default: 2)")
     parser.add_argument("--intervals", type=positive_int, default=TrainConfig.intervals,
