@@ -22,14 +22,14 @@ from dorylus.partition.store import (
 from dorylus.partition import s3
 
 
-# Where a store path is told apart from an S3 URL: store.py knows directories only, s3.py builds
-# on it, and these two dispatch between them.
+# Where a store path is told apart from an S3 URL (s3.is_url, the one test): store.py knows
+# directories only, s3.py builds on it, and these two dispatch between them.
 def open_store(path: str | os.PathLike, verify: bool = True, *, parts: Iterable[int] | None = None) -> PartitionStore:
     """Open the partition store at ``path``, a directory or ``s3://BUCKET/PREFIX`` (the store,
     ``parts`` only, default all, is then fetched into the local cache first): see
     :func:`~dorylus.partition.store.open_dir` for ``verify``."""
     parts = None if parts is None else list(parts)
-    if isinstance(path, str) and path.startswith("s3://"):
+    if s3.is_url(path):
         path = s3.fetch_store(path, parts=parts)
     return open_dir(path, verify, parts=parts)
 
@@ -37,7 +37,7 @@ def open_store(path: str | os.PathLike, verify: bool = True, *, parts: Iterable[
 def read_meta(path: str | os.PathLike) -> StoreMeta:
     """The checked ``meta.json`` of the store at ``path`` (a directory or ``s3://``), without
     downloading or verifying any part."""
-    if isinstance(path, str) and path.startswith("s3://"):
+    if s3.is_url(path):
         return s3.read_store_meta(path)
     return open_dir(path, verify=False).meta
 
