@@ -24,7 +24,7 @@ from dorylus.data.loaders import (
     save_npz,
 )
 from dorylus.errors import DatasetError
-from tests.graphs import shared_data
+from tests.graphs import oracle, shared_data
 
 
 def small_arrays() -> dict:
@@ -451,8 +451,9 @@ def test_ogb_not_a_dataset_directory(tmp_path):
 
 
 def test_from_pyg_round_trip():
-    torch = pytest.importorskip("torch")
-    data_module = pytest.importorskip("torch_geometric.data", reason="needs torch_geometric")
+    import torch  # a dependency
+
+    data_module = oracle("torch_geometric.data", reason="from_pyg converts PyG's Data")
     arrays = small_arrays()
     data = data_module.Data(
         edge_index=torch.from_numpy(np.stack([arrays["src"], arrays["dst"]])),
@@ -469,8 +470,9 @@ def test_from_pyg_round_trip():
 
 
 def test_from_pyg_missing_attribute_and_wrong_type():
-    torch = pytest.importorskip("torch")
-    data_module = pytest.importorskip("torch_geometric.data", reason="needs torch_geometric")
+    import torch  # a dependency
+
+    data_module = oracle("torch_geometric.data", reason="from_pyg converts PyG's Data")
     data = data_module.Data(
         edge_index=torch.tensor([[0], [1]]), x=torch.ones(2, 1), y=torch.tensor([0, 1])
     )
