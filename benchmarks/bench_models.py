@@ -169,7 +169,8 @@ def time_engine(dataset, config: TrainConfig, backend: str, parts: int, interval
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="synthetic-1m", help="preset or path (default: synthetic-1m)")
-    parser.add_argument("--models", default="gcn,gat,sage", help="comma-separated (default: gcn,gat,sage)")
+    parser.add_argument("--models", default=",".join(RECIPES),
+                        help=f"comma-separated, of the models with a PyG twin here (default: {','.join(RECIPES)})")
     parser.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)),
                         help="torch threads for both systems (default: all usable cores)")
     parser.add_argument("--epochs", type=positive_int, default=10, help="timed reference/PyG epochs (default: 10)")

@@ -443,7 +443,7 @@ def _add_plan(sub) -> None:
     plan = sub.add_parser("plan", help=COMMAND_HELP["plan"],
                           description="Calibrate this machine (Gather, matmul and dropout rates of one thread, ZeroMQ "
                                       "loopback, the emulator's invoke latency, a GPU's rates when CUDA is present) "
-                                      "or read a saved calibration, then predict one GCN epoch: by default for "
+                                      "or read a saved calibration, then predict one epoch of --model: by default for "
                                       "lambda + CPU graph servers, CPU-only and GPU instances at Reddit, Amazon and "
                                       "Friendster scale on AWS; with --dataset, --partitions or --run, for a local "
                                       "run on this machine.")
