@@ -31,7 +31,7 @@ payload); the coroutines ``gather``/``vertex(stage, pass, epoch, interval)``,
 ``scatter(stage, pass, epoch, oldest)`` and ``gather_backward(stage, pass, epoch, oldest)``
 (each Scatter returns the ages in epochs of the peer rows it used) and ``wait_version(v)``
 (returns the newest version, at least ``v``); ``min_epoch`` with the event ``gate_changed`` set
-when it grows; ``in_flight`` (calls running, for the watchdog); ``reports`` (appended) and
+when it grows; ``in_flight`` (calls running, for the watchdog); ``add_report(report)`` (a finished epoch) and
 ``take_traffic()``.
 """
 
@@ -251,8 +251,7 @@ class Scheduler:
             "failures": dict(stats.get("failures", {})),  # failed function attempts by kind
             **server.take_traffic(),
         }
-        server.reports.append(report)
-        server.progress_changed()
+        server.add_report(report)
         del self.records[epoch]
         self.oldest_unfinished = max(self.oldest_unfinished, epoch + 1)
         if self.autotuner is not None:  # the training pass alone: evaluation epochs are not slower steps

@@ -624,6 +624,11 @@ class GraphServer:
         return bool(self.reports or self.failure is not None or (self.training is not None and self.training.done())
                     or self.interruption != self.interruption_sent)
 
+    def add_report(self, report: dict[str, Any]) -> None:
+        """Queue a finished epoch's report for the coordinator's progress requests."""
+        self.reports.append(report)
+        self.progress_changed()
+
     def progress_changed(self) -> None:
         """Wake the progress requests waiting for news (a report, a failure, a notice)."""
         self.progress_news.set()

@@ -292,12 +292,8 @@ def test_progress_waits_for_news_while_the_server_serves_others(graph_server, pe
     assert not coordinator.sock.poll(0, zmq.POLLIN), "answered before any news"
     assert_serving(other)  # the waiting request does not hold the receive loop
 
-    def news() -> None:
-        gs.reports.append(report(1))
-        gs.progress_changed()
-
     sent = time.monotonic()
-    graph_server.loop.call_soon_threadsafe(news)
+    graph_server.loop.call_soon_threadsafe(gs.add_report, report(1))
     reply = coordinator.reply_to(waiting)
     assert time.monotonic() - sent < 5.0
     assert reply.op is Op.ACK and [r["epoch"] for r in reply.doc] == [1] and reply.meta["more"] is False

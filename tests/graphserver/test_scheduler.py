@@ -130,6 +130,9 @@ class FakeServer:
     async def wait_version(self, version: int) -> int:
         return await self.cluster.wait_version(version)
 
+    def add_report(self, report: dict[str, Any]) -> None:
+        self.reports.append(report)
+
     def take_traffic(self) -> dict[str, int]:
         return {}
 
