@@ -11,8 +11,8 @@ kind        entry ``(v, u)``                            as ``S`` with scales
 ==========  ==========================================  ===============================================
 ``gcn``     ``A_hat[v, u] = norm[v] norm[u]``           ``diag(row_norm) S diag(col_norm)``
 ``mean``    ``1 / indeg(v)`` for ``u != v``, 0 at v     ``diag(1 / indeg) (S - [I 0])``
-``sum``     1 for every in-edge and the self loop       ``S`` itself (``A + I``; GIN's sum, the self
-                                                        loop's ``1 + eps`` completed by the model)
+``sum``     1 for every in-edge and the self loop       ``S`` itself (``A + I``; a weight of the self
+                                                        loop other than 1 is the model's to add)
 ==========  ==========================================  ===============================================
 
 with ``norm = (1 + indeg)^-1/2`` of the whole graph and ``indeg(v)`` row ``v``'s length less

@@ -235,7 +235,7 @@ def task_work(stage, layer, rows: float, training: bool, model: str = "gcn") -> 
 def gather_seconds(stage, layer, model: str, width: int, shape: "Shape", rates: Rates, training: bool,
                    cache_sharers: int = 1) -> float:
     """One Gather or backward Gather of the largest partition, its kernels alone: by default one
-    sparse product at ``width`` (GCN, SAGE, GIN; forward: ``nnz`` entries over [owned; ghost]
+    sparse product at ``width`` (a model whose aggregation is one; forward: ``nnz`` entries over [owned; ghost]
     rows; backward: the transpose, over the owned rows' gradients: a smaller operand, so more of
     it in the caches); a model with edge work of its own prices it with its ``gather_seconds``
     (GAT: a product per head and its edge softmax). The rate is the Gather curve's at the operand
