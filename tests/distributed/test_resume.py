@@ -151,6 +151,8 @@ def torch_epoch(run: Path) -> int:
     return int(torch.load(run / "checkpoint.pt", weights_only=True)["epoch"])
 
 
+@pytest.mark.slow  # 23 s, most of it the 8 s silence and the shutdown; the heartbeat's own rule is
+# tested in-process (test_cluster_recovery.py), a hung call's report in test_cluster.py
 def test_stopped_graph_server_is_reported_by_the_watchdog(training, tmp_path):
     """SIGSTOP: the process neither exits nor answers. A shorter silence than the default 30 s
     (the same rule; the suite's time)."""
