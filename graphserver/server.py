@@ -163,6 +163,7 @@ class GraphServer:
         self.interruption: str | None = None
         self.interruption_sent: str | None = None  # the notice the last progress reply carried
         self.progress_news = asyncio.Event()  # set by progress_changed
+        self.detached: set[asyncio.Task] = set()  # requests answered beside the receive loop (_detach)
         self.in_flight: dict[str, float] = {}  # function calls running: description -> start (monotonic)
         self.counters: dict[str, float] = defaultdict(float)
         self.rejected = protocol.ProtocolCounters()
@@ -588,7 +589,7 @@ class GraphServer:
         command = m.get("command")
         if command == "connect":
             peers = command_field(header, "peers", str)
-            asyncio.create_task(self._connect(identity, header, peers.split(",")))
+            self._detach(self._connect(identity, header, peers.split(",")))
             return
         if command == "config":
             await self._reply(identity, protocol.reply_to(header, Op.ACK, meta=server_view(self.config.to_dict())))
@@ -612,11 +613,18 @@ class GraphServer:
                 self.gate_changed.set()
             if wait_s > 0 and not self._progress_ready():
                 # Answered when there is news, from a task of its own: the loop serves the others meanwhile.
-                asyncio.create_task(self._progress_later(identity, header, wait_s))
+                self._detach(self._progress_later(identity, header, wait_s))
             else:
                 await self._progress_reply(identity, header)
         else:
             raise ProtocolError("bad_command", f"unknown command {command!r:.40}", req=header.req)
+
+    def _detach(self, coroutine) -> None:
+        """Run a request's handler beside the receive loop, held until it ends (the event loop
+        keeps only a weak reference to a task: one nobody holds may vanish mid-request)."""
+        task = asyncio.create_task(coroutine)
+        self.detached.add(task)
+        task.add_done_callback(self.detached.discard)
 
     def _progress_ready(self) -> bool:
         """Whether a progress reply would carry news: reports, a failure, the end of training or

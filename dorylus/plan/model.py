@@ -82,7 +82,6 @@ ADAM_PASSES = 12           # element-wise passes of one Adam step over the weigh
 # A call waits for two round trips: its pulls (rows, and weights from the parameter server) go
 # out together, then its pushes (results, and the gradient) together (lambdas.handler).
 CALL_ROUND_TRIPS = 2
-POLL_S = 0.005             # the coordinator polls the graph servers' progress this often (half on average)
 STATIC_ROW_BYTES = {"ids": 8, "labels": 8, "split": 1}  # int64, int64, uint8; "X" is features x float32
 STATIC_ROWS = frozenset(("X", *STATIC_ROW_BYTES))  # a partition's own inputs (dorylus.models.base.STATIC)
 MODES = tuple(MODE_REGISTRY)  # every mode (graphserver.modes), priced by its stage barrier (_segment)
@@ -432,7 +431,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 function_side += seconds
         epoch_s += _segment(setup, graph_side, function_side)
     weights = sum(weight_sizes)
-    epoch_s += ADAM_PASSES * weights / env.server.elementwise_per_s + POLL_S / 2 + env.round_trip_s
+    epoch_s += ADAM_PASSES * weights / env.server.elementwise_per_s + env.round_trip_s
     billed_gb_s = billed_s * setup.lambda_memory_mb / 1024
     pricing = Pricing(graph_server_instance=setup.graph_server, graph_servers=setup.instances,
                       param_server_instance=setup.param_server, param_servers=1,
