@@ -46,6 +46,7 @@ from typing import Any
 from dorylus.models.base import FUNCTION, GATHER, GATHER_BACKWARD, VERTEX, Stage
 from graphserver.autotune import Autotuner
 from graphserver.invoker import describe
+from graphserver.modes import calls_at_once
 
 PASSES = ("train", "eval")
 
@@ -84,11 +85,13 @@ class Scheduler:
         self.oldest_unfinished = first
         config = server.config
         # Calls one graph server can have ready at once: a stage of every interval, twice as many
-        # when evaluation runs beside the next epoch's training.
+        # when evaluation runs beside the next epoch's training (graphserver.modes.calls_at_once;
+        # a local emulator needs a worker for each, or it answers the calls beyond 429).
         self.beside = self.mode.evaluates_beside_training()
-        most = self.n * (2 if self.beside else 1)
+        most = calls_at_once(self.mode, self.n)
         self.autotuner = (Autotuner(1, most, min(most, 4)) if config.functions is None else None)
-        server.backend.concurrency = self.autotuner.value if self.autotuner else min(config.functions, most)
+        server.backend.concurrency = self.autotuner.value if self.autotuner else calls_at_once(
+            self.mode, self.n, config.functions)
         self.last_epoch_end = time.monotonic()
         self.failed: asyncio.Future | None = None  # the first failure of a pass run beside the intervals' loops
 

@@ -98,6 +98,19 @@ def evaluation_apart(plan: Plan) -> Plan:
     return replace(plan, evaluate=evaluate, widths={**plan.widths, **{n + EVAL_SUFFIX: plan.widths[n] for n in used}})
 
 
+def calls_at_once(mode: Mode, intervals: int, functions: int | None = None) -> int:
+    """The most function calls one graph server of ``mode`` with ``intervals`` intervals has in
+    flight at once, relaunched attempts aside: a stage of every interval, twice as many when the
+    evaluation pass runs beside the next epoch's training (:meth:`Mode.evaluates_beside_training`).
+    That is the autotuner's top and the cap on ``--functions`` (``functions``, when given, capped).
+
+    A local Lambda emulator needs a worker for each of these calls on every graph server (plus
+    one per server for relaunches): with fewer it answers 429, and botocore's retry of a throttled
+    Invoke sleeps up to a second (``throttling_base_scale`` 1 s) on the epoch's critical path."""
+    most = intervals * (2 if mode.evaluates_beside_training() else 1)
+    return most if functions is None else min(functions, most)
+
+
 def mode_class(name: str) -> type[Mode]:
     """The class of mode ``name``: its facts (``description``, ``exact``, ``bounded_staleness``)
     without an instance."""
