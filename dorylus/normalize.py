@@ -130,16 +130,18 @@ def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetrize: 
 ROW_BLOCK_ELEMENTS = 1 << 19
 
 
-def row_normalize(features):
+def row_normalize(features, out: np.ndarray | None = None):
     """Divide each row by its sum (rows summing to zero are left as zeros). ``float32 [N, F]``,
-    or :class:`~dorylus.models.sparse.SparseRows` for sparse features (the same values)."""
+    or :class:`~dorylus.models.sparse.SparseRows` for sparse features (the same values). Dense
+    rows go into ``out`` when given (``features`` itself normalizes in place)."""
     from dorylus.models.sparse import SparseRows
 
     if isinstance(features, SparseRows):
         return features.row_normalized()
     # A block of rows at a time: the float64 quotient of the whole matrix would be twice the
     # features' size on top of them (at ogbn-products' size, 1.9 GB of temporaries per part).
-    out = np.empty(features.shape, np.float32)
+    if out is None:
+        out = np.empty(features.shape, np.float32)
     step = max(1, ROW_BLOCK_ELEMENTS // max(1, features.shape[1]))
     for a in range(0, features.shape[0], step):
         block = features[a:a + step]

@@ -21,10 +21,11 @@ import dataclasses
 
 import numpy as np
 
+from dorylus.data.loaders import file_backed, read_row_range, row_blocks
 from dorylus.models.base import STATIC, Plan, Result, Stage
 from dorylus.models.graph import CsrGraph
 from dorylus.models.ops import encode_split
-from dorylus.models.sparse import SparseRows, in_layout
+from dorylus.models.sparse import SparseRows, in_layout, use_sparse
 from dorylus.normalize import row_normalize
 from dorylus.partition import Partition
 
@@ -37,6 +38,38 @@ def split_intervals(num_rows: int, count: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+class StoredRows:
+    """Dense feature rows left in the partition store, ``float32 [n_owned, F]``: ``rows[a:b]``
+    reads them with one plain read (row-normalized when asked, per row as
+    :func:`~dorylus.normalize.row_normalize` does the whole matrix), and nothing stays resident
+    between reads. For a backend whose functions cache their interval's static rows (``lambda``):
+    the graph server reads an interval only when a function's cache misses, instead of holding
+    every row (400 B per owned vertex at 100 features) for the whole run."""
+
+    def __init__(self, matrix: np.ndarray, normalize: bool):
+        if not file_backed(matrix):
+            raise ValueError("StoredRows needs a C-contiguous memory-mapped matrix (the store's features)")
+        self.matrix, self.normalize = matrix, normalize
+        self.shape = tuple(matrix.shape)
+        self.dtype = np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError(f"StoredRows reads contiguous row ranges, not {key!r}")
+        start, stop, _ = key.indices(self.shape[0])
+        rows = read_row_range(self.matrix, start, stop).astype(np.float32, copy=False)
+        return row_normalize(rows, out=rows) if self.normalize else rows
+
+
+def stored_density(matrix: np.ndarray) -> float:
+    """Non-zeros / size of a memory-mapped matrix, by plain reads (no page stays resident)."""
+    size = int(np.prod(matrix.shape))
+    return sum(int(np.count_nonzero(block)) for _, block in row_blocks(matrix)) / size if size else 0.0
+
+
 def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray] | None = None) -> dict:
     """What a graph server holds for ``part``, per structure: bytes, bytes per stored entry
     (``nnz``: in-edges with self loops) and bytes per owned vertex.
@@ -44,7 +77,7 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
     Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm`` (the backward
     Gather pushes from these: no pattern of ``S^T``, except that products small enough for torch,
     under ``kernels.SMALL_WORK`` entries x width, gather over one: at most 32 MB / width),
-    ``global_ids``, ``features`` (``features``, default the part's), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
+    ``global_ids``, ``features`` (``features``, default the part's; none for :class:`StoredRows`), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
     ``ghost_rows`` is the part of them that holds ghost rows). No per-entry float exists.
     """
     nnz, n_owned, n_local = part.nnz, part.n_owned, part.n_local
@@ -54,7 +87,7 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
         "indptr": part.indptr.nbytes,
         "norm": part.norm.nbytes,
         "global_ids": n_local * 8,
-        "features": x.nbytes,
+        "features": 0 if isinstance(x, StoredRows) else x.nbytes,
         "labels_masks": part.labels.nbytes + sum(getattr(part, m).nbytes for m in ("train_mask", "val_mask", "test_mask")),
         "exchange": part.ghosts.nbytes + part.send_indices.nbytes + part.ghost_offsets.nbytes + part.send_offsets.nbytes,
     }
@@ -79,8 +112,11 @@ def format_memory(figures: dict) -> str:
 
 
 class PartitionState:
+    """``features_stored``: dense features stay in the store as :class:`StoredRows` (when the
+    part's features are memory-mapped and ``sparse_features`` keeps them dense)."""
+
     def __init__(self, part: Partition, plan: Plan, *, row_normalize_features: bool, num_intervals: int,
-                 sparse_features: str = "auto"):
+                 sparse_features: str = "auto", features_stored: bool = False):
         self.part = part
         n_owned, n_local = part.n_owned, part.n_local
         self.global_ids = part.global_ids()
@@ -89,15 +125,19 @@ class PartitionState:
         # that its function can start without waiting for the other intervals.
         self.graph = CsrGraph(part.indptr, part.indices, part.norm[:n_owned], part.norm, n_local,
                               self.global_ids[:n_owned], self.global_ids, owned_symmetric=part.undirected)
-        features = in_layout(part.features, sparse_features)
-        if row_normalize_features:
-            features = row_normalize(features)
+        if (features_stored and file_backed(part.features)
+                and not use_sparse(sparse_features, 1.0 if sparse_features != "auto" else stored_density(part.features))):
+            features = StoredRows(part.features, normalize=row_normalize_features)
+        else:
+            features = in_layout(part.features, sparse_features)
+            if row_normalize_features:
+                features = row_normalize(features)
         if features is not part.features:
             # One copy of the features per process: the store's memory map goes once the rows
             # the model reads (normalized, or in another layout) exist.
             self.part = part = dataclasses.replace(part, features=features)
         self.static = {
-            "X": features if isinstance(features, SparseRows) else np.ascontiguousarray(features),
+            "X": features if isinstance(features, (SparseRows, StoredRows)) else np.ascontiguousarray(features),
             "ids": np.ascontiguousarray(self.global_ids[:n_owned]),
             "labels": np.ascontiguousarray(part.labels, dtype=np.int64),
             "split": encode_split(part.train_mask, part.val_mask, part.test_mask),

@@ -874,7 +874,7 @@ class EdgeStream:
 ROW_BLOCK_BYTES = 64 << 20
 
 
-def _file_backed(matrix: np.ndarray) -> bool:
+def file_backed(matrix: np.ndarray) -> bool:
     return isinstance(matrix, np.memmap) and matrix.filename is not None and matrix.flags.c_contiguous
 
 
@@ -884,7 +884,7 @@ def row_blocks(matrix: np.ndarray, block_bytes: int = ROW_BLOCK_BYTES) -> Iterat
     in (and are counted against) this process until the map is closed."""
     n = matrix.shape[0]
     step = max(1, block_bytes // max(1, matrix[:1].nbytes))
-    if not _file_backed(matrix):
+    if not file_backed(matrix):
         for lo in range(0, n, step):
             yield lo, matrix[lo : lo + step]
         return
@@ -894,11 +894,27 @@ def row_blocks(matrix: np.ndarray, block_bytes: int = ROW_BLOCK_BYTES) -> Iterat
         yield lo, block.reshape(-1, *matrix.shape[1:])
 
 
+def read_row_range(matrix: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``matrix[start:stop]`` as a new array; from a memory-mapped matrix by one plain read (see
+    :func:`row_blocks`), so the rows are resident only while the caller holds them."""
+    if not file_backed(matrix):
+        return np.array(matrix[start:stop])
+    start, stop, _ = slice(start, stop).indices(matrix.shape[0])
+    stop = max(start, stop)
+    width = int(np.prod(matrix.shape[1:], dtype=np.int64))
+    count = (stop - start) * width
+    if count == 0:
+        return np.empty((0, *matrix.shape[1:]), matrix.dtype)
+    offset = matrix.offset + start * width * matrix.itemsize
+    block = next(_read_slices(Path(matrix.filename), offset, matrix.dtype, count, count))
+    return block.reshape(-1, *matrix.shape[1:])
+
+
 def take_rows(matrix: np.ndarray, rows: np.ndarray, block_bytes: int = ROW_BLOCK_BYTES) -> np.ndarray:
     """``matrix[rows]`` for ascending ``rows``; from a memory-mapped matrix by plain reads of row
     blocks (see :func:`row_blocks`), each block spanning only its first to last wanted row."""
     rows = np.asarray(rows, dtype=np.int64)
-    if not _file_backed(matrix):
+    if not file_backed(matrix):
         return np.asarray(matrix[rows])
     out = np.empty((rows.size, *matrix.shape[1:]), dtype=matrix.dtype)
     width = int(np.prod(matrix.shape[1:], dtype=np.int64))

@@ -121,13 +121,19 @@ class Backend(RunBackend, abc.ABC):
         options (``lambda_endpoint``, ``function_name``, ``region``); a backend reads its own."""
         return cls(server, concurrency=concurrency)
 
+    # Whether dense features stay in the store (graphserver.state.StoredRows) instead of memory:
+    # for a backend whose functions cache their interval's static rows, so that the server reads
+    # them only when a cache misses.
+    features_stored = False
+
     @classmethod
     def make_state(cls, config, part, plan, *, parts: int):
         """The partition state this backend computes on: host numpy unless a backend says otherwise."""
         from graphserver.state import PartitionState
 
         return PartitionState(part, plan, row_normalize_features=config.row_normalize_features,
-                              num_intervals=config.intervals, sparse_features=config.sparse_features)
+                              num_intervals=config.intervals, sparse_features=config.sparse_features,
+                              features_stored=cls.features_stored)
 
     def run(self, event: dict[str, Any], priority: tuple = ()) -> asyncio.Future:
         """Start the call; the future resolves with its result meta (see the module doc)."""

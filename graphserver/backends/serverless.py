@@ -117,6 +117,9 @@ def emulator_workers(config, parts: int) -> int:
 
 class LambdaBackend(LimitedBackend):
     calls_functions = True
+    # The functions cache their interval's features (lambdas.handler): the server reads them from
+    # the store on a miss (and for a call it runs itself) instead of holding them.
+    features_stored = True
     # Lambda's calls need no cores of their own on the graph server's instance: the table at
     # scale starts from one interval and searches counts and memory sizes (dorylus.plan.planner).
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dorylus.data.graph import MASK_NAMES
-from dorylus.data.loaders import load_dataset, load_npz, open_edge_stream, row_blocks, save_npz, take_rows
+from dorylus.data.loaders import (load_dataset, load_npz, open_edge_stream, read_row_range, row_blocks, save_npz,
+                                  take_rows)
 from dorylus.data.synthetic import STREAM_BLOCK_VERTICES, STREAMED_PRESETS, StreamedSpec, SyntheticSpec, write_streamed
 from dorylus.errors import DatasetError
 
@@ -227,3 +228,17 @@ def test_rows_of_a_mapped_matrix_read_by_plain_reads_equal_indexing(tmp_path, bl
     blocks = list(row_blocks(mapped, block_bytes))
     assert [lo for lo, _ in blocks] == [lo for lo, _ in row_blocks(matrix, block_bytes)]
     np.testing.assert_array_equal(np.concatenate([b for _, b in blocks]), matrix)
+
+
+def test_a_row_range_of_a_mapped_matrix_read_by_one_plain_read_equals_slicing(tmp_path):
+    matrix = np.random.default_rng(1).random((300, 5), dtype=np.float32)
+    np.save(tmp_path / "m.npy", matrix)
+    mapped = np.load(tmp_path / "m.npy", mmap_mode="r")
+    for start, stop in [(0, 300), (17, 18), (100, 250), (299, 300), (5, 5), (250, 100), (-10, None), (0, 10**6)]:
+        for source in (mapped, matrix):
+            got = read_row_range(source, start, stop)
+            assert type(got) is np.ndarray and not np.shares_memory(got, matrix)
+            np.testing.assert_array_equal(got, matrix[start:stop])
+    (tmp_path / "m.npy").write_bytes((tmp_path / "m.npy").read_bytes()[:-40])  # truncated after mapping
+    with pytest.raises(DatasetError, match="truncated"):
+        read_row_range(mapped, 290, 300)

@@ -345,6 +345,45 @@ def test_static_features_in_the_configured_layout(tmp_path, store_mode, mode):
             np.testing.assert_array_equal(rows.toarray() if isinstance(rows, SparseRows) else rows, want[a:b])
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_features_left_in_the_store_read_as_the_resident_ones(store, normalize):
+    """``features_stored`` (the lambda backend): X holds no rows, and every row range a PULL or
+    the fallback reads equals the resident state's, bitwise (the same per-row normalization)."""
+    from graphserver.state import StoredRows
+
+    plan = make_plan("project-first")
+    for p in range(NUM_PARTS):
+        resident = PartitionState(store.load_part(p), plan, row_normalize_features=normalize, num_intervals=3)
+        stored = PartitionState(store.load_part(p), plan, row_normalize_features=normalize, num_intervals=3,
+                                features_stored=True)
+        assert isinstance(stored.static["X"], StoredRows) and stored.static["X"].shape == resident.static["X"].shape
+        assert stored.memory["bytes"]["features"] == 0 < resident.memory["bytes"]["features"]
+        for interval in range(3):
+            a, b = stored.intervals[interval]
+            rows = stored.interval_rows("X", interval)
+            assert rows.dtype == np.float32 and rows.flags.c_contiguous and not isinstance(rows, np.memmap)
+            np.testing.assert_array_equal(rows, resident.interval_rows("X", interval))
+            np.testing.assert_array_equal(stored.host_rows("X", a, b), resident.host_rows("X", a, b))
+        np.testing.assert_array_equal(stored.rows("X")[1:], resident.rows("X")[1:])
+        assert stored.rows("X")[5:2].shape == (0, NUM_FEATURES)
+        with pytest.raises(TypeError, match="contiguous row ranges"):
+            stored.rows("X")[np.array([0, 2])]
+
+
+def test_features_stay_resident_when_sparse_or_not_memory_mapped(store):
+    """``features_stored`` keeps the layout sparse_features asks for, and a part loaded into memory
+    (not a memory map) as it is."""
+    from dorylus.models.sparse import SparseRows
+
+    plan = make_plan("project-first")
+    sparse = PartitionState(store.load_part(0), plan, row_normalize_features=True, num_intervals=2,
+                            sparse_features="on", features_stored=True)
+    assert isinstance(sparse.static["X"], SparseRows)
+    loaded = PartitionState(store.load_part(0, mmap=False), plan, row_normalize_features=True, num_intervals=2,
+                            features_stored=True)
+    assert isinstance(loaded.static["X"], np.ndarray) and loaded.memory["bytes"]["features"] > 0
+
+
 # ----------------------------------------------------------------------------- lean state
 
 
