@@ -184,12 +184,11 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
         return Result([grad_y @ w.T] if layer > 0 else [], grads={"weight": z.T @ grad_y, "bias": grad_y.sum(0)})
     if task == "AV_LOSS":
         z, labels, split = rows
-        z = ops.as_float32(z, "z")
-        loss = ops.softmax_cross_entropy(ops.matmul(z, w) + b, labels, split, int(args["train_count"]), training)
+        meta, grad_z, grad_w, grad_b = ops.softmax_regression(z, w, b, labels, split, int(args["train_count"]),
+                                                              training)
         if not training:
-            return Result([], meta=loss.meta)
-        return Result([loss.grad @ w.T] if layer > 0 else [], grads={"weight": z.T @ loss.grad,
-                                                                     "bias": loss.grad.sum(0)}, meta=loss.meta)
+            return Result([], meta=meta)
+        return Result([grad_z] if layer > 0 else [], grads={"weight": grad_w, "bias": grad_b}, meta=meta)
     raise ValueError(f"gcn has no task {task!r}")
 
 

@@ -276,6 +276,22 @@ def softmax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, split: tor
     return _Loss(meta, grad.div_(float(np.float32(train_count))))
 
 
+def softmax_regression(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor, labels: torch.Tensor,
+                       split: torch.Tensor, train_count: int, training: bool):
+    """:func:`dorylus.models.ops.softmax_regression` in one block: ``(meta, grad_z, grad_w,
+    grad_b)`` of the logits ``z @ w + b``, the gradients None when not training."""
+    z = as_float32(z, "z")
+    if z.shape[1] != w.shape[0]:
+        raise ValueError(f"rows have {z.shape[1]} columns but w has {w.shape[0]} rows "
+                         f"(shapes {tuple(z.shape)}, {tuple(w.shape)})")
+    if tuple(b.shape) != (w.shape[1],):
+        raise ValueError(f"b has shape {tuple(b.shape)}, expected ({w.shape[1]},) (one per column of w)")
+    loss = softmax_cross_entropy(z @ w + b, labels, split, train_count, training)
+    if not training:
+        return loss.meta, None, None, None
+    return loss.meta, loss.grad @ w.T, z.T @ loss.grad, loss.grad.sum(0)
+
+
 def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if x.shape[1] != w.shape[0]:
         raise ValueError(f"rows have {x.shape[1]} columns but w has {w.shape[0]} rows "

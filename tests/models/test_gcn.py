@@ -328,6 +328,30 @@ def test_av_loss_fused_matches_autograd(layer):
     assert evaluation.meta == result.meta
 
 
+@pytest.mark.parametrize("block_rows", [1, 7, 30, 64])
+def test_softmax_regression_in_row_blocks_matches_autograd(block_rows):
+    """The blocked loss (AV_LOSS of an interval larger than a block) equals autograd's for any
+    block size, including blocks with no train row and a last block shorter than the others."""
+    from dorylus.models import ops
+
+    _, labels, split = _loss_inputs(n=30, classes=5)
+    rng = np.random.default_rng(6)
+    z = rng.standard_normal((30, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    train_count = int(((split & TRAIN) != 0).sum()) + 2
+    z_t, w_t, b_t = _t(z, grad=True), _t(w, grad=True), _t(b, grad=True)
+    loss_t = _torch_loss(z_t @ w_t + b_t, labels, split, train_count)
+    loss_t.backward()
+    meta, grad_z, grad_w, grad_b = ops.softmax_regression(z, w, b, labels, split, train_count, True, block_rows)
+    assert meta["loss"] == pytest.approx(loss_t.item(), rel=1e-5)
+    assert {k: v for k, v in meta.items() if k != "loss"} == _expected_counts(z @ w + b, labels, split)
+    for ours, oracle in ((grad_z, z_t.grad), (grad_w, w_t.grad), (grad_b, b_t.grad)):
+        assert ours.dtype == np.float32
+        _close(ours, oracle)
+    assert ops.softmax_regression(z, w, b, labels, split, train_count, False, block_rows) == (meta, None, None, None)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 
