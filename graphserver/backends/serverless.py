@@ -110,9 +110,14 @@ def call_affinity(payload: bytes) -> tuple[int, int]:
 
 def emulator_workers(config, parts: int) -> int:
     """Emulator worker processes a local run of ``parts`` graph servers needs: every call a
-    server may have in flight, and one more per server, since relaunched attempts run beside
-    stragglers."""
-    return parts * ((config.functions or config.intervals) + 1)
+    server may have in flight (:func:`graphserver.modes.calls_at_once`: twice the intervals where
+    evaluation runs beside training), and one more per server, since relaunched attempts run
+    beside stragglers. With fewer, the emulator answers the extra calls 429 and botocore sleeps
+    before retrying, on the epoch's critical path."""
+    from graphserver.modes import calls_at_once, get_mode
+
+    mode = get_mode(config.mode, config.staleness)
+    return parts * (calls_at_once(mode, config.intervals, config.functions) + 1)
 
 
 class LambdaBackend(LimitedBackend):

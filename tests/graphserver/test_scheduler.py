@@ -506,11 +506,7 @@ def test_the_scheduler_runs_no_more_calls_than_calls_at_once(mode, staleness, fu
         assert scheduler.autotuner is None and concurrency == most
 
 
-@pytest.mark.parametrize("staleness", [0, pytest.param(1, marks=pytest.mark.xfail(
-    reason="graphserver.backends.serverless.emulator_workers counts --functions, else --intervals, calls per "
-           "server, not calls_at_once: async S >= 1 autotunes up to twice --intervals, and the emulator answers "
-           "the calls beyond its workers 429 (botocore then sleeps up to 1 s). For that module's owner; drop this "
-           "mark with the fix", strict=False))])
+@pytest.mark.parametrize("staleness", [0, 1, 2])
 def test_a_local_emulator_has_a_worker_for_every_call_the_scheduler_may_run(staleness):
     from dorylus.config import TrainConfig
     from graphserver.backends.serverless import emulator_workers
