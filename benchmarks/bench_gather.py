@@ -31,15 +31,20 @@ kernel ms / ``torch.sparse.mm`` CSR ms (> 1: slower).
 Roofline (``--roofline``, default ``2400000x16,300000x128``: ``x`` of 154 MB each, far above the
 32 MB L3 here): a synthetic graph of ``N`` vertices and about ``--roofline-degree`` in-edges each,
 90% to vertices within +-1000 positions of a ring and 10% uniform (a graph with locality that a
-random vertex order hides), symmetric, with self loops, ``A_hat`` as above. It is timed in a random
-vertex order and in ``kernels.locality_order`` (reverse Cuthill-McKee) of that order, against the
-probe ``kernels.row_read_probe``: ``nnz`` reads of uniformly random rows of the same ``x`` ``[N, d]``
+random vertex order hides), symmetric, with self loops, ``A_hat`` as above. It is timed in each of
+``--orders`` (default ``random,bfs,rcm``): a random vertex order (what the store's ``none`` keeps of
+randomly numbered vertices), and the store's ``bfs`` and ``rcm`` (reverse Cuthill-McKee) orders of
+it, each computed by ``dorylus.partition.store.locality_order`` on the loop-free structure as the
+store computes a part's (its compute time is printed), against the probe
+``kernels.row_read_probe``: ``nnz`` reads of uniformly random rows of the same ``x`` ``[N, d]``
 in groups of the mean degree, with the same threads, prefetching and register blocking and
 nothing else, timed in the same rounds. Rates count reads only, in the same units for all:
 ``entries x width / s`` = ``nnz * d / seconds`` and ``GB/s = nnz * d * 4 / seconds / 1e9``; fraction
-= kernel rate / probe rate (the acceptance line of issue 19 asks >= 0.5 at widths 16 and 128).
+= kernel rate / probe rate (the acceptance line of issue 19 asks >= 0.5 at widths 16 and 128);
+``mean|i-j|`` = mean distance between an entry's row and column, the order's bandwidth.
 
     python benchmarks/bench_gather.py --roofline-only --roofline 2400000x16 --repeats 5
+    python benchmarks/bench_gather.py --roofline-only --orders random,bfs --repeats 3
 
 Backward (``--backward``, default ``2400000x16``): the graph server's backward Gather
 ``A_local^T · G`` on part 0 of ``--backward-parts`` (default 2) of the same ring graph in RCM
@@ -80,11 +85,15 @@ from dorylus.errors import DorylusError
 from dorylus.models import kernels as gather_kernels
 from dorylus.models.graph import spmm
 from dorylus.partition import assign_parts
+from dorylus.partition.store import locality_order as store_locality_order
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "torch.sparse.mm CSR"
 RELATIVE_TOLERANCE = 1e-5  # float32 sums of a few hundred terms, in different orders
+# Vertex orders of the roofline graphs: "random" is the graph as generated (randomly numbered,
+# what the store's "none" keeps); "bfs" and "rcm" are the store's orders of it.
+ROOFLINE_ORDERS = ("random", "bfs", "rcm")
 
 
 def kernels(csr: torch.Tensor, lean: "LeanCsr", push: "LeanCsr | None" = None) -> dict[str, Callable[[np.ndarray], Any]]:
@@ -260,19 +269,40 @@ def roofline_list(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
-def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int,
-                   rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Gather on a graph of ``n`` vertices at ``width``, random and RCM orders, against the probe."""
+def ordered_graphs(src: np.ndarray, dst: np.ndarray, n: int,
+                   orders: tuple[str, ...] = ROOFLINE_ORDERS) -> tuple[dict[str, LeanCsr], dict[str, float | None]]:
+    """``A_hat`` of the symmetric graph ``(src, dst)`` in each of ``orders``, and the seconds each
+    order took to compute (``None`` for ``random``, the graph as given). ``bfs`` and ``rcm`` come
+    from the store's :func:`dorylus.partition.store.locality_order`, on the structure without self
+    loops, as the store orders a part's internal edges."""
+    graphs: dict[str, LeanCsr] = {}
+    seconds: dict[str, float | None] = {}
+    structure = None
+    for name in orders:
+        if name not in ROOFLINE_ORDERS:
+            raise ValueError(f"unknown order {name!r}, not one of {', '.join(ROOFLINE_ORDERS)}")
+        if name == "random":
+            graphs[name], seconds[name] = ahat_lean(src, dst, n), None
+            continue
+        if structure is None:
+            structure = csr_from_pairs(dst, src, n, n)
+        start = time.perf_counter()
+        perm = store_locality_order(structure[0], structure[1], name)
+        seconds[name] = time.perf_counter() - start
+        graphs[name] = ahat_lean(*relabelled(src, dst, perm), n)
+        del perm
+    return graphs, seconds
+
+
+def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int, rng: np.random.Generator,
+                   orders: tuple[str, ...] = ROOFLINE_ORDERS) -> list[dict[str, Any]]:
+    """Gather on a graph of ``n`` vertices at ``width`` in each of ``orders``, against the probe."""
     src, dst = ring_graph(n, degree, rng)
     src, dst = relabelled(src, dst, rng.permutation(n))
-    graphs = {"random": ahat_lean(src, dst, n)}
-    start = time.perf_counter()
-    order = gather_kernels.locality_order(graphs["random"].indptr, graphs["random"].indices)
-    order_seconds = time.perf_counter() - start
-    graphs["rcm"] = ahat_lean(*relabelled(src, dst, order), n)
+    graphs, order_seconds = ordered_graphs(src, dst, n, orders)
     del src, dst
     x = rng.standard_normal((n, width), dtype=np.float32)
-    nnz = int(graphs["random"].indptr[-1])
+    nnz = int(next(iter(graphs.values())).indptr[-1])
     probe_idx = rng.integers(0, n, nnz).astype(np.int32)
     group = max(1, round(nnz / n))
     fns: dict[str, Callable[[], Any]] = {"probe: random row reads": lambda: gather_kernels.row_read_probe(x, probe_idx, group)}
@@ -313,7 +343,8 @@ def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int,
                      "mean_abs_i_minus_j": bandwidth.get(order_name), "ms_median": 1e3 * median,
                      "ms_min": 1e3 * min(times), "entries_width_per_s": nnz * width / median,
                      "gb_per_s": nnz * width * 4 / median / 1e9, "fraction_of_probe": probe / median,
-                     "rcm_seconds": order_seconds, "ms_per_call": [1e3 * t for t in times]})
+                     "order_seconds": order_seconds.get(order_name), "rcm_seconds": order_seconds.get("rcm"),
+                     "ms_per_call": [1e3 * t for t in times]})
     return rows
 
 
@@ -436,15 +467,25 @@ def print_backward(rows: list[dict[str, Any]]) -> None:
 
 
 def print_roofline(rows: list[dict[str, Any]]) -> None:
-    header = (f"{'N':>8} {'d':>4} {'x MB':>6} {'nnz':>10} {'kernel':<26} {'mean|i-j|':>10} {'ms median':>9} "
-              f"{'1e9 ent*d/s':>11} {'GB/s':>6} {'of probe':>8}")
+    header = (f"{'N':>8} {'d':>4} {'x MB':>6} {'nnz':>10} {'kernel':<26} {'mean|i-j|':>10} {'order s':>7} "
+              f"{'ms median':>9} {'1e9 ent*d/s':>11} {'GB/s':>6} {'of probe':>8}")
     print(header)
     print("-" * len(header))
     for r in rows:
         bw = f"{r['mean_abs_i_minus_j']:10.0f}" if r["mean_abs_i_minus_j"] is not None else f"{'':>10}"
-        print(f"{r['n']:>8} {r['width']:>4} {r['x_mb']:6.0f} {r['nnz']:>10} {r['kernel']:<26} {bw} "
+        took = f"{r['order_seconds']:7.2f}" if r.get("order_seconds") is not None else f"{'':>7}"
+        print(f"{r['n']:>8} {r['width']:>4} {r['x_mb']:6.0f} {r['nnz']:>10} {r['kernel']:<26} {bw} {took} "
               f"{r['ms_median']:9.1f} {r['entries_width_per_s'] / 1e9:11.3f} {r['gb_per_s']:6.2f} "
               f"{r['fraction_of_probe']:7.2f}x")
+
+
+def print_order_summary(rows: list[dict[str, Any]]) -> None:
+    """One line per roofline graph: ``kernels.gather``'s fraction of the probe in each order."""
+    sizes = dict.fromkeys((r["n"], r["width"]) for r in rows)
+    for n, width in sizes:
+        mine = [r for r in rows if (r["n"], r["width"]) == (n, width) and r["kernel"].endswith(": kernels.gather")]
+        print(f"kernels.gather {n}x{width}, fraction of the probe: "
+              + ", ".join(f"{r['order']} {r['fraction_of_probe']:.2f}" for r in mine))
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -467,6 +508,15 @@ def width_list(text: str) -> list[int]:
     return widths
 
 
+def order_list(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [name for name in names if name not in ROOFLINE_ORDERS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"takes comma-separated orders from {', '.join(ROOFLINE_ORDERS)}, "
+                                         f"got {text!r}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="synthetic-1m", help="dataset spec: a preset or a path (default: synthetic-1m)")
@@ -478,6 +528,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="roofline graph sizes NxD, comma-separated (default: 2400000x16,300000x128)")
     parser.add_argument("--roofline-degree", type=positive_int, default=12,
                         help="mean in-degree of the roofline graphs, before self loops (default: 12)")
+    parser.add_argument("--orders", type=order_list, default=ROOFLINE_ORDERS,
+                        help=f"vertex orders of the roofline graphs, comma-separated, from "
+                             f"{', '.join(ROOFLINE_ORDERS)} (random: as generated, the store's none; bfs, rcm: the "
+                             f"store's orders) (default: {','.join(ROOFLINE_ORDERS)})")
     parser.add_argument("--roofline-only", action="store_true", help="skip the METIS partition kernels and the backward section")
     parser.add_argument("--no-roofline", action="store_true", help="skip the roofline")
     parser.add_argument("--backward", type=roofline_list, default=[(2_400_000, 16)],
@@ -556,14 +610,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.no_roofline:
         repeats = min(args.repeats, 7)
         for n, width in args.roofline:
-            roofline += bench_roofline(n, width, args.roofline_degree, min(args.warmup, 1), repeats, rng)
+            roofline += bench_roofline(n, width, args.roofline_degree, min(args.warmup, 1), repeats, rng, args.orders)
             print(f"  roofline {n}x{width}: done", flush=True)
         print()
         print(f"Roofline: ring graphs (90% of edges within +-1000 positions, 10% uniform), symmetric, self loops, "
-              f"A_hat = structure + 2 scales; random vertex order and RCM (kernels.locality_order) of it; median of "
-              f"{repeats} rounds. Rates count reads only: entries*d/s = nnz*d/s, GB/s = nnz*d*4/s; of probe = "
-              f"rate / the probe's rate (nnz random rows of the same x, same threads).")
+              f"A_hat = structure + 2 scales; vertex orders {', '.join(args.orders)} (random: as generated; bfs, rcm: "
+              f"dorylus.partition.store.locality_order of it, order s = its compute time); median of {repeats} rounds. "
+              f"Rates count reads only: entries*d/s = nnz*d/s, GB/s = nnz*d*4/s; of probe = rate / the probe's rate "
+              f"(nnz random rows of the same x, same threads); mean|i-j| = mean |row - column| of the entries.")
         print_roofline(roofline)
+        print_order_summary(roofline)
     load_after = os.getloadavg()
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} cpus, shared: "
@@ -575,7 +631,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": rows,
         "roofline_formula": "entries_width_per_s = nnz * d / median_seconds; gb_per_s = nnz * d * 4 / median_seconds "
                             "/ 1e9; fraction_of_probe = probe median seconds / kernel median seconds",
-        "roofline_degree": args.roofline_degree, "roofline": roofline,
+        "roofline_degree": args.roofline_degree, "roofline_orders": list(args.orders), "roofline": roofline,
         "backward_formula": "ms/cpu_ms: median wall / process CPU time per call; held_mb: what the kernel keeps "
                             "between calls (the transpose's indptr_T + indices_T); per_call_extra_mb: allocated per "
                             "call beyond the preallocated output",
