@@ -161,7 +161,7 @@ class _Config:
     functions: int | None = _opt(None, "concurrent function calls per graph server; default: autotuned while "
                                  f"training, between 1 and --intervals. At most {MAX_FUNCTIONS} (Lambda's default "
                                  "regional limit); a local lambda run needs an emulator worker process per call in "
-                                 "flight, so there parts x (functions, else intervals, + 1) must not exceed "
+                                 "flight, so there parts x (calls in flight per server + 1) must not exceed "
                                  f"min(available memory / {WORKER_MB} MB, {WORKERS_PER_CPU} x cores)")
     relaunch_min_s: float = _opt(5.0, "a function call not finished within max(this, relaunch_ratio x the moving "
                                  "mean of its task kind) is launched again")

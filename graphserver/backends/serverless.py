@@ -164,12 +164,13 @@ class LambdaBackend(LimitedBackend):
             raise ConfigError(f"invalid config: function_handler {config.function_handler!r} is not a "
                               "module:callable")
         parts = parts or config.parts or 2
-        per_server = config.functions or config.intervals
         workers = emulator_workers(config, parts)
+        per_server = workers // parts - 1
         capacity, why = local_worker_capacity()
         if workers > capacity:
             flag = "--functions" if config.functions else "--intervals (--functions' default)"
-            raise ConfigError(f"invalid config: {flag} {per_server} needs {parts} x ({per_server} + 1) = {workers} "
+            raise ConfigError(f"invalid config: {flag} {config.functions or config.intervals} needs {parts} x "
+                              f"({per_server} + 1) = {workers} "
                               f"emulator workers, more than this machine can start ({capacity}: {why}); use "
                               f"--functions {max(1, capacity // parts - 1)} or fewer")
 

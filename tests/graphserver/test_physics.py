@@ -24,6 +24,7 @@ from dorylus.errors import ConfigError
 from dorylus.models.base import GATHER, Stage
 from dorylus.protocol import Op, ProtocolError
 from graphserver.modes import EVAL_SUFFIX, evaluation_apart
+from graphserver.invoker import TaskFailed
 from graphserver.server import AsyncPeer, GraphServer, Refused
 
 TIMEOUT_S = 20.0
@@ -72,7 +73,8 @@ def stand_in(peer_endpoint: str | None, ctx, physics: NetPhysics = NetPhysics(),
         config=SimpleNamespace(**{"task_timeout_s": TIMEOUT_S, "seed": 7, "stale_correction": False,
                                   "stale_gamma": 0.9, **config}),
         counters=defaultdict(float), part_id=0, GHOSTS_RETRY_S=0.01, physics=physics, sending={}, smoothed={},
-        inbox=defaultdict(dict), inbox_changed=asyncio.Event(), peers={})
+        inbox=defaultdict(dict), inbox_changed=asyncio.Event(), peers={},
+        mode=SimpleNamespace(staleness=config.get("staleness", 1)))
     if peer_endpoint is not None:
         server.peers[1] = AsyncPeer(ctx, peer_endpoint, "graph server 1", server_role="graphserver", keys=None,
                                     max_bytes=8 << 20, physics=physics)
@@ -269,6 +271,30 @@ def test_stale_correction_smooths_each_new_version_once_in_the_training_pass_onl
     finally:
         loop.close()
         asyncio.set_event_loop(None)
+
+
+def test_without_staleness_received_rows_are_let_go_once_used():
+    """S = 0 (sync, pipe, async S=0): no later exchange can take an epoch's rows, so the inbox
+    drops them once used (a ghost-sized copy per buffer, pass and direction otherwise); the next
+    epoch waits for new rows, and a late duplicate of the used epoch is not taken for them."""
+    rows = np.arange(15, dtype=np.float32).reshape(5, 3)
+    for staleness, kept in ((0, False), (1, True)):
+        server = stand_in(None, None, staleness=staleness, task_timeout_s=0.2)
+        server.peers = {1: None}
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            server.inbox[("train", "SC", "H")][1] = (3, rows)
+            got = loop.run_until_complete(server._receive("SC", "train", 3, 0, "H", 3, []))
+            np.testing.assert_array_equal(got[1], rows)
+            tag, held = server.inbox[("train", "SC", "H")][1]
+            assert tag == 3 and (held is rows) == kept and (held is None) == (not kept)
+            if not kept:  # a later exchange that would take epoch 3's rows (a rollback) waits instead
+                with pytest.raises(TaskFailed, match="no rows of epoch >= 3"):
+                    loop.run_until_complete(server._receive("SC", "train", 3, 0, "H", 3, []))
+        finally:
+            loop.close()
+            asyncio.set_event_loop(None)
 
 
 # ----------------------------------------------------------------------------- evaluation apart
