@@ -509,7 +509,7 @@ class GraphServer:
             "args": self.stage_args(stage, pass_, epoch),
             "graph_server": self.advertised, "param_server": self.param_server_advertised, "part": self.part_id,
             "interval": interval, "rows": [start, stop], "epoch": epoch, "pass": pass_, "attempt": 0,
-            "run": self.run_token,
+            "run": self.run_token, "static_rows_per_pull": self.state.static_rows_per_pull,
         }
 
     def _accept_ghosts(self, header: Header, tensors: list[np.ndarray]) -> None:

@@ -64,6 +64,12 @@ class StoredRows:
         return row_normalize(rows, out=rows) if self.normalize else rows
 
 
+# A function pulls an interval's dense static rows (a cache miss) in pulls of about this many
+# bytes: the graph server then holds one pull's rows at a time, not the interval's (240 MB of
+# features per interval of an ogbn-products part at 2 intervals).
+STATIC_PULL_BYTES = 32 << 20
+
+
 def stored_density(matrix: np.ndarray) -> float:
     """Non-zeros / size of a memory-mapped matrix, by plain reads (no page stays resident)."""
     size = int(np.prod(matrix.shape))
@@ -77,7 +83,8 @@ def memory_figures(part: Partition, features=None, buffers: dict[str, np.ndarray
     Structures: ``indices`` (the store's, memory-mapped), ``indptr``, ``norm`` (the backward
     Gather pushes from these: no pattern of ``S^T``, except that products small enough for torch,
     under ``kernels.SMALL_WORK`` entries x width, gather over one: at most 32 MB / width),
-    ``global_ids``, ``features`` (``features``, default the part's; none for :class:`StoredRows`), ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
+    ``global_ids``, ``features`` (``features``, default the part's; none for :class:`StoredRows`),
+    ``labels_masks``, ``exchange`` (ghost ids and send lists), ``buffers`` (the plan's row buffers, if given;
     ``ghost_rows`` is the part of them that holds ghost rows). No per-entry float exists.
     """
     nnz, n_owned, n_local = part.nnz, part.n_owned, part.n_local
@@ -125,8 +132,8 @@ class PartitionState:
         # that its function can start without waiting for the other intervals.
         self.graph = CsrGraph(part.indptr, part.indices, part.norm[:n_owned], part.norm, n_local,
                               self.global_ids[:n_owned], self.global_ids, owned_symmetric=part.undirected)
-        if (features_stored and file_backed(part.features)
-                and not use_sparse(sparse_features, 1.0 if sparse_features != "auto" else stored_density(part.features))):
+        if features_stored and file_backed(part.features) and not use_sparse(
+                sparse_features, 1.0 if sparse_features != "auto" else stored_density(part.features)):
             features = StoredRows(part.features, normalize=row_normalize_features)
         else:
             features = in_layout(part.features, sparse_features)
@@ -142,6 +149,11 @@ class PartitionState:
             "labels": np.ascontiguousarray(part.labels, dtype=np.int64),
             "split": encode_split(part.train_mask, part.val_mask, part.test_mask),
         }
+        # Rows per pull of the static inputs (all dense: X's width in float32, ids, labels, split);
+        # None when X is sparse, whose rows vary in size (pulled whole).
+        dense_row_bytes = sum(x[:1].nbytes for x in self.static.values() if not isinstance(x, SparseRows))
+        self.static_rows_per_pull = (None if isinstance(features, SparseRows)
+                                     else max(1, STATIC_PULL_BYTES // max(1, dense_row_bytes)))
         used = {name for stage in (*plan.train, *plan.evaluate) for name in (*stage.reads, *stage.writes)}
         self.buffers = {name: np.zeros((n_local if name in plan.ghosted else n_owned, plan.widths[name]), np.float32)
                         for name in sorted(used - set(STATIC))}

@@ -135,9 +135,10 @@ class _Peer(Peer):
         return max(0.1, min(MAX_WAIT_S, (remaining() - _DEADLINE_MARGIN_MS) / 1000))
 
 
-def task_header(op: Op, event: dict[str, Any], **fields: Any) -> Header:
-    """The header identifying ``event``'s task in PULL and PUSH messages."""
-    start, stop = (int(x) for x in event["rows"])
+def task_header(op: Op, event: dict[str, Any], rows: tuple[int, int] | None = None, **fields: Any) -> Header:
+    """The header identifying ``event``'s task in PULL and PUSH messages (of its interval's
+    rows, or of ``rows`` inside them)."""
+    start, stop = rows or (int(x) for x in event["rows"])
     meta = {"pass": event.get("pass", "train"), **fields.pop("meta", {})}
     return Header(op, task=event["task"], epoch=int(event["epoch"]), layer=int(event["layer"]),
                   interval=int(event["interval"]), part=int(event["part"]), rows=(start, stop),
@@ -152,20 +153,55 @@ def _pull_rows(event: dict[str, Any], graph: _Peer) -> Callable[[], list[np.ndar
     start, stop = (int(x) for x in event["rows"])
     cached = {n: _cache_get((run, part, interval, n), stop - start) for n in reads if n in STATIC}
     missing = [n for n in reads if cached.get(n) is None]
-    pending = graph.send(task_header(Op.PULL, event, names=tuple(missing))) if missing else None
+    block = int(event.get("static_rows_per_pull") or 0)
+    in_blocks = [n for n in missing if n in STATIC] if 0 < block < stop - start else []
+    whole = [n for n in missing if n not in in_blocks]
+    pending = graph.send(task_header(Op.PULL, event, names=tuple(whole))) if whole else None
+    first = (graph.send(task_header(Op.PULL, event, (start, start + block), names=tuple(in_blocks)))
+             if in_blocks else None)
+
+    def keep(name: str, rows) -> None:
+        if name in STATIC:
+            _cache_put((run, part, interval, name), rows, _max_bytes(graph.context) // 2)
+        cached[name] = rows
 
     def rows() -> list[np.ndarray]:
         if pending is not None:
             reply, arrays = pending.reply()
-            for name, rows in zip(missing, protocol.named_rows(reply, arrays)):
+            for name, rows in zip(whole, protocol.named_rows(reply, arrays)):
                 if isinstance(rows, CsrRows):
                     rows = SparseRows(rows.data, rows.indices, rows.indptr, (len(rows.indptr) - 1, rows.width))
-                if name in STATIC:
-                    _cache_put((run, part, interval, name), rows, _max_bytes(graph.context) // 2)
-                cached[name] = rows
+                keep(name, rows)
+        if first is not None:
+            for name, rows in zip(in_blocks, _pull_in_blocks(event, graph, in_blocks, first, block)):
+                keep(name, rows)
         return [cached[n] for n in reads]
 
     return rows
+
+
+def _pull_in_blocks(event: dict[str, Any], graph: _Peer, names: list[str], first: _Pending,
+                    block: int) -> list[np.ndarray]:
+    """The interval's dense static rows of ``names``, ``block`` rows per pull (the graph server
+    says how many fit :data:`graphserver.state.STATIC_PULL_BYTES`), ``first`` the first pull:
+    the server reads each block from its store for the pull and holds no more than one."""
+    start, stop = (int(x) for x in event["rows"])
+    out: list[np.ndarray] = []
+    for lo in range(start, stop, block):
+        hi = min(lo + block, stop)
+        pull = first if lo == start else graph.send(task_header(Op.PULL, event, (lo, hi), names=tuple(names)))
+        reply, arrays = pull.reply()
+        blocks = protocol.named_rows(reply, arrays)
+        for name, rows in zip(names, blocks):
+            if isinstance(rows, CsrRows) or rows.shape[0] != hi - lo:
+                raise FunctionTaskError(f"{event['task']} interval {event['interval']}: the graph server sent "
+                                        f"{name} rows [{lo}, {hi}) as {type(rows).__name__} "
+                                        f"{getattr(rows, 'shape', '')}, not {hi - lo} dense rows")
+        if lo == start:
+            out = [np.empty((stop - start, *rows.shape[1:]), rows.dtype) for rows in blocks]
+        for whole, rows in zip(out, blocks):
+            whole[lo - start:hi - start] = rows
+    return out
 
 
 def _rows_nbytes(rows: np.ndarray | SparseRows) -> int:

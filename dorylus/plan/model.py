@@ -323,7 +323,8 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     indptr          the store's ``n + 1`` row pointers and the intervals' own (int64)
     norm            ``(1 + indeg)^-1/2`` of every local row (float32): no per-entry value
     global_ids      int64 per local row, and the store's owned ids (int64 per owned row)
-    features        ``n x F`` float32 (dense: at scale the planner does not know the density)
+    features        ``n x F`` float32 (dense: at scale the planner does not know the density);
+                    none where the backend leaves them in the store (``features_stored``: lambda)
     labels_masks    int64 label, three bool masks and the uint8 split per owned row
     exchange        ghost ids and send lists (int64 per ghost and per sent row)
     buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
@@ -349,7 +350,7 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
         "indptr": INDPTR * ((n + 1) + (n + setup.intervals)),
         "norm": FLOAT * local,
         "global_ids": ID * (local + n),
-        "features": FLOAT * n * shape.features,
+        "features": 0 if setup.runs.features_stored else FLOAT * n * shape.features,
         "labels_masks": n * (ID + 3 + 1),
         "exchange": ID * (shape.ghosts + shape.send + 2 * (shape.parts + 1)),
         "buffers": buffers,

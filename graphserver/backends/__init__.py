@@ -79,6 +79,10 @@ class RunBackend:
     device = "cpu"
     # The graph-server instance of this backend's row in `dorylus plan`'s table at scale.
     scale_instance = "c5n.2xlarge"
+    # Whether a graph server leaves dense features in the store (graphserver.state.StoredRows)
+    # instead of memory: for a backend whose functions cache their interval's static rows, so
+    # that the server reads them only when a cache misses (and the planner counts none).
+    features_stored = False
 
     @classmethod
     def check_config(cls, config) -> list[tuple[bool, str]]:
@@ -120,11 +124,6 @@ class Backend(RunBackend, abc.ABC):
         """The backend of graph server ``server``. ``options`` are the graph server's backend
         options (``lambda_endpoint``, ``function_name``, ``region``); a backend reads its own."""
         return cls(server, concurrency=concurrency)
-
-    # Whether dense features stay in the store (graphserver.state.StoredRows) instead of memory:
-    # for a backend whose functions cache their interval's static rows, so that the server reads
-    # them only when a cache misses.
-    features_stored = False
 
     @classmethod
     def make_state(cls, config, part, plan, *, parts: int):

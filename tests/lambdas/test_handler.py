@@ -197,9 +197,11 @@ def setup(request, monkeypatch):
     assert not servers.errors, servers.errors
 
 
-def make_event(servers: FakeServers, stage, pass_: str, epoch: int, interval: int, run: str) -> dict:
+def make_event(servers: FakeServers, stage, pass_: str, epoch: int, interval: int, run: str,
+               static_rows_per_pull: int | None = None) -> dict:
     """The payload the graph server sends, built by GraphServer.event itself, through JSON."""
-    fake = SimpleNamespace(state=SimpleNamespace(intervals=INTERVALS), config=SimpleNamespace(model="gcn", seed=SEED),
+    fake = SimpleNamespace(state=SimpleNamespace(intervals=INTERVALS, static_rows_per_pull=static_rows_per_pull),
+                           config=SimpleNamespace(model="gcn", seed=SEED),
                            meta=SimpleNamespace(train_count=4), advertised=servers.graph_endpoint,
                            param_server_advertised=servers.params_endpoint, part_id=PART, run_token=run)
     fake.stage_args = lambda *a: GraphServer.stage_args(fake, *a)
@@ -394,6 +396,38 @@ def test_sparse_features_arrive_as_csr_and_stay_cached(monkeypatch):
         cached = handler_module._static_rows[("run-s", PART, 1, "X")]
         assert isinstance(cached, SparseRows)
         np.testing.assert_array_equal(cached.toarray(), dense_x[slice(*INTERVALS[1])])
+    finally:
+        servers.close()
+    assert not servers.errors, servers.errors
+
+
+def test_a_cache_miss_pulls_dense_static_rows_a_block_at_a_time(monkeypatch):
+    """With ``static_rows_per_pull`` below the interval's rows, the static names come in pulls of
+    that many rows (beside one pull of the others, whole), assembled in order: the rows computed
+    on and cached equal the interval's."""
+    monkeypatch.setattr(handler_module, "_static_rows", {})
+    spec = make_spec((8, 4, 7))  # layer 0 projects X first; layer 1 gathers first: AV_LOSS reads Z1
+    plan = gcn.build_plan(spec)
+    buffers = make_buffers(plan, 8, 7)
+    servers = FakeServers(buffers, spec.init_params(SEED))
+    try:
+        av = next(s for s in plan.train if s.key == ("AV", 0))
+        loss = next(s for s in plan.train if s.task == "AV_LOSS")
+        for stage, dynamic in ((av, []), (loss, ["Z1"])):
+            event = make_event(servers, stage, "train", 1, 1, "run-blocks", static_rows_per_pull=4)
+            handler(event, LambdaContext())
+            log = servers.take_log()
+            pulls = sorted((list(h.names), h.rows) for _, h, _ in log if h.op is Op.PULL)
+            static = [n for n in stage.reads if n in STATIC]
+            assert pulls == sorted(([(dynamic, (4, 10))] if dynamic else []) + [(static, (4, 8)), (static, (8, 10))])
+            expected = gcn.compute(stage.task, stage.layer, [buffers[n][4:10] for n in stage.reads],
+                                   servers.layer_params[stage.layer], event["args"])
+            (push,) = [t for _, h, t in log if h.op is Op.PUSH]
+            for got, want in zip(push, expected.rows):
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+            for name in static:
+                cached = handler_module._static_rows[("run-blocks", PART, 1, name)]
+                np.testing.assert_array_equal(cached, buffers[name][4:10])
     finally:
         servers.close()
     assert not servers.errors, servers.errors

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from dataclasses import replace
 
 import pytest
 
@@ -86,6 +87,25 @@ def test_server_memory_is_within_20_percent_of_a_graph_servers_allocations(store
     structures = per_entry * shape.nnz + per_vertex * shape.owned
     assert structures == pytest.approx(measured - rows, rel=WITHIN)
     assert per_entry == 4  # the int32 column id: no per-entry weight in format 3, no transpose on the host
+
+
+def test_a_lambda_graph_server_holds_no_features(store):
+    """The lambda backend leaves dense features in the store (graphserver.state.StoredRows): the
+    planner counts none for its servers, and the state measures none."""
+    shape = part_shape(store, 0)
+    cpu = Setup(backend="cpu", graph_server="c5.2xlarge", parts=shape.parts, intervals=INTERVALS,
+                functions=INTERVALS, hidden=HIDDEN)
+    on_cpu, on_lambda = server_memory(shape, cpu), server_memory(shape, replace(cpu, backend="lambda"))
+    assert on_cpu["features"] == 4 * shape.owned * shape.features > 0 and on_lambda["features"] == 0
+    assert {k: v for k, v in on_lambda.items() if k != "features"} == {k: v for k, v in on_cpu.items()
+                                                                        if k != "features"}
+    spec = ModelSpec.from_config(TrainConfig(model="gcn", hidden=HIDDEN), store.meta.num_features,
+                                 store.meta.num_classes)
+    from graphserver.backends import make_state
+
+    state = make_state(TrainConfig(backend="lambda", intervals=INTERVALS, sparse_features="off"), store.load_part(0),
+                       get_model("gcn").build_plan(spec), parts=shape.parts)
+    assert state.memory["bytes"]["features"] == 0
 
 
 def test_gpu_memory_counts_values_per_entry_on_the_device():
