@@ -378,6 +378,7 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
                                  "num_edges": dataset.num_edges})
 
         from dorylus.coordinator.local import LocalCluster
+        from dorylus.lifecycle import release_freed_memory
         from dorylus.partition import PartitionStore, open_store
 
         store = placement
@@ -388,6 +389,7 @@ def _run(config: TrainConfig, open_run, dataset: GraphDataset | list | None, pla
             identity = {**identity, "partitions": store.fingerprint()}
         # The graph servers load their own parts: nothing of the graph stays in the coordinator.
         del dataset, placement
+        release_freed_memory()
         with LocalCluster(config, store, run.path, run.path / "config.json") as cluster:
             trainer = DistributedTrainer(config, cluster)
             return _train(config, trainer, run, identity, checkpoint, progress,
