@@ -290,8 +290,10 @@ def test_train_functions_above_what_this_machine_can_start(tmp_path):
     functions = capacity
     if functions > MAX_FUNCTIONS:
         pytest.skip(f"this machine starts {capacity} workers: every allowed --functions fits")
+    # A graph server never has more calls in flight than its intervals (graphserver.modes.calls_at_once):
+    # as many intervals as functions, so that the functions count.
     proc = run(tmp_path, "train", "--dataset", "synthetic-small", "--backend", "lambda", "--parts", "2",
-               "--functions", str(functions))
+               "--intervals", str(functions), "--functions", str(functions))
     line = assert_one_error(proc, "train", f"--functions {functions}", "emulator workers")
     assert "more than this machine can start (" in line, line
     assert not list(tmp_path.iterdir())
