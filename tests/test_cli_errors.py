@@ -4,6 +4,7 @@ torch. Every case runs the real command line in a subprocess."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -233,8 +234,9 @@ def test_help_does_not_import_torch(tmp_path):
 
 
 
+@functools.lru_cache(maxsize=None)
 def _cuda_available() -> bool:
-    """Asked in a subprocess, so that this module does not import torch for every test."""
+    """Asked in a subprocess (once), so that this module does not import torch for every test."""
     code = "import torch; print(torch.cuda.is_available())"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT,
                           env=ENV).stdout.strip() == "True"

@@ -71,6 +71,7 @@ def test_watchdog_names_a_function_call_that_hangs(tmp_path):
     assert not wait_gone(children_of(os.getpid()) - before, 20), "the stopped run left processes behind"
 
 
+@pytest.mark.slow  # 17 s (a run started, then stopped); Ctrl-C's path, the same handler, stays in the default suite
 def test_sigterm_stops_a_run_like_ctrl_c(training_process):
     process, roles = training_process
     process.terminate()  # the coordinator alone, as a service manager would

@@ -85,6 +85,7 @@ def test_attention_rates_are_measured_on_this_machine():
     assert forward > 1e5 and backward > 1e5
 
 
+@pytest.mark.slow  # 11 s of real measurement loops; each measurement's formula is tested above
 def test_measure_without_emulator_or_runtime(monkeypatch):
     progress = []
     calibration = runtime.measure(progress.append, emulator=False, runtime=False)
