@@ -104,12 +104,13 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
 
 @pytest.mark.timeout(600)  # three runs when the uninterrupted one starts here; a loaded machine took 300 s
 @pytest.mark.parametrize("victim, backend", [
-    # A killed graph server now comes back by itself (test_recovery); the manual path stays
-    # in the default suite for the coordinator, the one role nothing restarts. On lambda: a cpu
-    # run of Cora can finish its 15 epochs before the kill lands.
+    # A killed graph server now comes back by itself (test_recovery). The coordinator is the one
+    # role nothing restarts; its manual path (31 s: two cold lambda clusters) is in the slow tier
+    # since the default suite reached 10 minutes. On lambda: a cpu run of Cora can finish its 15
+    # epochs before the kill lands.
     pytest.param("graph server", "lambda", marks=pytest.mark.slow),
     pytest.param("parameter server", "lambda", marks=pytest.mark.slow),
-    ("coordinator", "lambda"),
+    pytest.param("coordinator", "lambda", marks=pytest.mark.slow),
 ])
 def test_killed_run_resumes_to_the_uninterrupted_metrics(uninterrupted, training, tmp_path, victim, backend):
     run = tmp_path / "run"
