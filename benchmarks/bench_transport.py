@@ -39,7 +39,7 @@ import zmq
 
 from dorylus import protocol as P
 from dorylus import sockets
-from common import positive_int, write_json
+from common import positive_int, routed_requests, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transport.json"
 ROW_COLS = 1024
@@ -81,13 +81,7 @@ def serve(ipc: str, ready: mp.connection.Connection) -> None:
     ready.send(sock.bind_to_random_port("tcp://127.0.0.1"))
     bounds = P.Bounds(num_rows=MAX_ROWS)
     try:
-        while True:
-            try:
-                identity, req, tensors = P.recv_routed(sock, bounds, timeout=120.0)
-            except P.ProtocolError as exc:
-                if exc.identity is not None:
-                    P.send_routed(sock, exc.identity, P.error_reply(None, exc))
-                continue
+        for identity, req, _ in routed_requests(sock, bounds, 120.0):
             if req.op is P.Op.PULL_WEIGHTS:
                 shape = (int(req.meta["r"]), int(req.meta["c"]))
                 P.send_routed(sock, identity, P.reply_to(req, P.Op.WEIGHTS, version=1, names=("W",)),
@@ -96,8 +90,6 @@ def serve(ipc: str, ready: mp.connection.Connection) -> None:
             P.send_routed(sock, identity, P.reply_to(req, P.Op.ACK))
             if req.op is P.Op.SHUTDOWN:
                 return
-    except TimeoutError:
-        return  # the client went away
     finally:
         sock.close(linger=0)
         ctx.term()

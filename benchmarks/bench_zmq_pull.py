@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from dorylus import protocol as P
-from common import write_json
+from common import routed_requests, write_json
 
 COLS = 1024
 MAX_ROWS = 4096
@@ -44,13 +44,7 @@ def serve(port_out: mp.connection.Connection) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     port_out.send(sock.bind_to_random_port("tcp://127.0.0.1"))
     try:
-        while True:
-            try:
-                identity, req, _ = P.recv_routed(sock, bounds, timeout=60.0)
-            except P.ProtocolError as exc:
-                if exc.identity is not None:
-                    P.send_routed(sock, exc.identity, P.error_reply(None, exc))
-                continue
+        for identity, req, _ in routed_requests(sock, bounds, 60.0):
             if req.op is P.Op.SHUTDOWN:
                 P.send_routed(sock, identity, P.reply_to(req, P.Op.ACK))
                 return
@@ -58,8 +52,6 @@ def serve(port_out: mp.connection.Connection) -> None:
             copy = bool(req.meta.get("copy", False))
             # Z's rows are a contiguous view: with copy=False ZeroMQ sends straight from Z.
             P.send_routed(sock, identity, P.reply_to(req, P.Op.ROWS), [z[start:stop]], copy=copy)
-    except TimeoutError:
-        return  # the client went away
     finally:
         sock.close(linger=0)
         ctx.term()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dorylus import atomic
+from dorylus import protocol as P
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
@@ -46,3 +47,18 @@ def status_kb(key: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def routed_requests(sock, bounds: P.Bounds, timeout_s: float):
+    """``(identity, request, tensors)`` of each well-formed request on the ROUTER ``sock``, as a
+    role's receive loop takes them: a malformed one is answered with its error (when its sender
+    is known) and skipped; the requests end when none comes within ``timeout_s`` (the client
+    went away)."""
+    while True:
+        try:
+            yield P.recv_routed(sock, bounds, timeout=timeout_s)
+        except P.ProtocolError as exc:
+            if exc.identity is not None:
+                P.send_routed(sock, exc.identity, P.error_reply(None, exc))
+        except TimeoutError:
+            return
