@@ -186,7 +186,7 @@ class Scheduler:
                 await self._meet((pass_, epoch, k, "end"), None)
 
     async def _scatter(self, exchange, stage: Stage, pass_: str, epoch: int) -> None:
-        ages = await exchange(stage, pass_, epoch, self.mode.oldest_ghosts(epoch))
+        ages = await exchange(stage, pass_, epoch, self.mode.oldest_ghosts(epoch, pass_))
         self.records[epoch].staleness.extend(ages)
 
     async def _meet(self, key: tuple, action) -> None:
@@ -250,7 +250,7 @@ class Scheduler:
             "staleness_max": max(record.staleness, default=0),
             "staleness_sum": sum(record.staleness), "staleness_reads": len(record.staleness),
             "weight_lag_max": record.weight_lag_max, "concurrency": server.backend.concurrency,
-            **{k: stats.get(k, 0) for k in ("invocations", "relaunches", "failed_calls", "fallback_calls")},
+            **{k: stats.get(k, 0) for k in ("invocations", "relaunches", "failed_calls", "fallback_calls", "throttled")},
             "failures": dict(stats.get("failures", {})),  # failed function attempts by kind
             **server.take_traffic(),
         }

@@ -72,3 +72,14 @@ def test_epoch_seconds_are_the_slowest_servers_not_when_the_coordinator_looked(t
     assert first["cost_usd"] / second["cost_usd"] == pytest.approx(0.30 / 0.25)
     assert first["loss"] == pytest.approx(2.0) and first["calls"] == 8
     assert first["bytes"] == {"functions": 0, "ghosts": 20, "params": 40}
+
+
+def test_failure_counts_are_summed_over_the_graph_servers(trainer):
+    cluster, trainer = trainer
+    reports = [report(1, 0.2), report(1, 0.3)]
+    for r, (relaunches, throttled, fallbacks, raised) in zip(reports, [(1, 3, 0, 2), (2, 4, 1, 0)]):
+        r.update(relaunches=relaunches, throttled=throttled, fallback_calls=fallbacks, failures={"raise": raised})
+    cluster.pending = {0: [reports[0]], 1: [reports[1]]}
+    metrics = trainer.step(1)
+    assert (metrics["relaunches"], metrics["throttled"], metrics["fallback_calls"]) == (3, 7, 1)
+    assert metrics["failures"] == {"raise": 2}

@@ -144,6 +144,7 @@ class DistributedTrainer:
             weight_lag_max=max(r["weight_lag_max"] for r in reports),
             relaunches=sum(r["relaunches"] for r in reports), failed_calls=sum(r["failed_calls"] for r in reports),
             fallback_calls=sum(r.get("fallback_calls", 0) for r in reports),
+            throttled=sum(r.get("throttled", 0) for r in reports),
             calls=sum(r["invocations"] for r in reports), concurrency=[r["concurrency"] for r in reports])
         # Failed function attempts by kind (graphserver.invoker.FAILURE_KINDS); empty off the lambda backend.
         metrics["failures"] = {k: sum(r.get("failures", {}).get(k, 0) for r in reports)

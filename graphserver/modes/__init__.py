@@ -7,7 +7,7 @@ stages in every mode and asks the mode five questions:
 * :meth:`Mode.barrier_after_stage`: must every interval of the partition finish a stage before
   any starts the next?
 * :meth:`Mode.oldest_ghosts`: the oldest epoch whose peer rows a Scatter of epoch ``e`` may use
-  (older ones are waited for).
+  in a pass (older ones are waited for).
 * :meth:`Mode.oldest_weights`: the oldest weight version a pass of epoch ``e`` may compute with.
 * :meth:`Mode.evaluates_beside_training`: may an interval's evaluation pass of epoch ``e`` run
   while the same interval trains epoch ``e + 1``? Then the evaluation pass has buffers of its
@@ -21,10 +21,13 @@ exactness tests run it) and ``bounded_staleness`` (it takes ``--staleness S``, a
 one list of the modes: ``--mode``'s choices, the config's checks, the planner's modes and the
 test matrices all come from it.
 
-``staleness`` S bounds the last three rules in every mode: rows produced in epoch ``e - S`` or
-later, weight version ``e - 1 - S`` or newer for a forward pass (``e - S`` for evaluation, which
-follows the epoch's step); the server's epoch window (:func:`dorylus.protocol.check_epoch`)
-reads it too. With S = 0 those are the synchronous rules.
+``staleness`` S bounds the gate and the training pass's ghost rows in every mode: an interval
+starts epoch ``e`` only when ``e <= min_epoch + S``, and trains on rows produced in epoch
+``e - S`` or later. Weights are not stale: a training pass of epoch ``e`` computes with version
+``e - 1`` (the previous epoch's step), in every mode. An evaluation pass is exact in every mode:
+version ``e`` and the peers' rows of epoch ``e``, so that the accuracies reported are the
+model's. The server's epoch window (:func:`dorylus.protocol.check_epoch`) reads S too. With
+S = 0 those are the synchronous rules.
 """
 
 from __future__ import annotations
@@ -61,12 +64,17 @@ class Mode(abc.ABC):
     def barrier_after_stage(self) -> bool:
         """Whether every interval finishes each stage before any interval starts the next."""
 
-    def oldest_ghosts(self, epoch: int) -> int:
-        return epoch - self.staleness
+    def oldest_ghosts(self, epoch: int, pass_: str = "train") -> int:
+        # Evaluation reads the peers' rows of its own epoch: what it reports is the model after
+        # the step, not rows left over from older weights (docs/modes.md).
+        return epoch - self.staleness if pass_ == "train" else epoch
 
     def oldest_weights(self, epoch: int, pass_: str) -> int:
-        # forward of epoch e: the weights after epoch e-1's step; evaluation: after e's
-        return (epoch - 1 if pass_ == "train" else epoch) - self.staleness
+        # Training's forward of epoch e: the weights after epoch e-1's step, in every mode. A stale
+        # version on top of stale ghost rows feeds the step a gradient two epochs old, and that
+        # cost async S=1 13 points of test accuracy on synthetic-1m (docs/modes.md).
+        # Evaluation of epoch e: the weights after e's step, exactly.
+        return epoch - 1 if pass_ == "train" else epoch
 
     def evaluates_beside_training(self) -> bool:
         return False

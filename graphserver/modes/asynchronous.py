@@ -1,7 +1,8 @@
-"""``async --staleness S``: no Scatter barrier and no wait for the weight step. Gather reads the
-ghost rows present, each tagged with the epoch that produced it, waiting only for rows older
-than ``e - S``; a forward pass uses the newest weights at least version ``e - 1 - S``; an
-interval starts epoch ``e`` only when ``e <= min_epoch + S``. Weight stashing keeps each
+"""``async --staleness S``: no Scatter barrier. Training's Gather reads the ghost rows present,
+each tagged with the epoch that produced it, waiting only for rows older than ``e - S``; a
+training forward pass computes with the previous epoch's weights (version ``e - 1``, as in
+sync); an evaluation pass is exact (version ``e``, the peers' rows of epoch ``e``); an interval
+starts epoch ``e`` only when ``e <= min_epoch + S``. Weight stashing keeps each
 interval's backward on the version its forward used. With S >= 1 an interval's evaluation pass
 of epoch ``e`` runs beside its training pass of ``e + 1``, on buffers of its own."""
 
@@ -13,7 +14,7 @@ from graphserver.modes import Mode
 @dataclass(frozen=True)
 class Async(Mode):
     name = "async"
-    description = "no Scatter barrier and no wait for the weight step, bounded by --staleness"
+    description = "no Scatter barrier: ghost rows up to --staleness epochs old"
     bounded_staleness = True
 
     def may_start(self, epoch: int, min_epoch: int) -> bool:

@@ -38,11 +38,11 @@ def test_async_keeps_its_bounds_and_stashes_weights(tmp_path, cora, monkeypatch,
                               epochs=epochs, intervals=intervals, eval_every=5,
                               function_handler="tests.distributed.faulty_handler:recording_handler")
     assert [m["epoch"] for m in metrics] == list(range(1, epochs + 1))
-    assert all(m["staleness_max"] <= staleness and m["weight_lag_max"] <= staleness + 1 for m in metrics)
+    assert all(m["staleness_max"] <= staleness and m["weight_lag_max"] == 0 for m in metrics)
     assert all(0 <= m["staleness_mean"] <= m["staleness_max"] for m in metrics)
     assert summary["gradients"] == {"applied": 2 * intervals * LAYERS * epochs, "dropped": 0}
     # Cora at lr 0.01, sync (the reference): epoch 15's loss is 0.92 of epoch 1's (0.84 at 25);
-    # async lags by up to S + 1 weight versions, and with no update at all the ratio stays near 1
+    # with no update at all the ratio stays near 1
     ratio = metrics[-1]["loss"] / metrics[0]["loss"]
     assert ratio < 0.95, ratio
 
@@ -57,9 +57,7 @@ def test_async_keeps_its_bounds_and_stashes_weights(tmp_path, cora, monkeypatch,
     for key, versions in backward.items():
         assert set(versions) == {forward[key]}, key  # every attempt got the forward's stashed version
         part, interval, epoch, layer = key
-        assert epoch - 1 - staleness <= forward[key] <= epoch - 1, key  # the bound on weight versions
-    if staleness:  # some forward ran ahead of the previous epoch's step: the stash mattered
-        assert any(forward[key] < key[2] - 1 for key in forward)
+        assert forward[key] == epoch - 1, key  # training computes with the previous epoch's step, never older
 
 
 @pytest.mark.slow
