@@ -142,7 +142,8 @@ class _Config:
                                              "graph server on the one --device; set about 0.95 when each has its own)")
     mode: str = _opt("sync", _mode_help(), tuple(MODES))
     staleness: int = _opt(0, f"{_staleness_modes_text()}: an interval starts epoch e only when e <= min_epoch + S, "
-                          "and training's Gather reads ghost rows at most S epochs old (weights and evaluation are never stale)")
+                          "and training's Gather reads ghost rows at most S epochs old (weights and evaluation "
+                          "are never stale)")
     stale_correction: bool = _opt(False, f"{_staleness_modes_text()} with staleness >= 1: the training pass uses a "
                                   "running average of each peer's ghost rows and ghost gradients, g = gamma g + "
                                   "(1 - gamma) received, instead of the stale rows as received (PipeGCN's smoothing)")

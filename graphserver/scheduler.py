@@ -250,7 +250,8 @@ class Scheduler:
             "staleness_max": max(record.staleness, default=0),
             "staleness_sum": sum(record.staleness), "staleness_reads": len(record.staleness),
             "weight_lag_max": record.weight_lag_max, "concurrency": server.backend.concurrency,
-            **{k: stats.get(k, 0) for k in ("invocations", "relaunches", "failed_calls", "fallback_calls", "throttled")},
+            **{k: stats.get(k, 0)
+               for k in ("invocations", "relaunches", "failed_calls", "fallback_calls", "throttled")},
             "failures": dict(stats.get("failures", {})),  # failed function attempts by kind
             **server.take_traffic(),
         }
