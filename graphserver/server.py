@@ -469,11 +469,12 @@ class GraphServer:
             tag, rows = inbox[j]
             ages.append(max(0, epoch - tag))
             received[j] = self._smooth(task, name, j, tag, rows) if self._corrects(pass_) else rows
-            if self.mode.staleness == 0:
-                # No later exchange takes rows older than its own epoch: let them go now instead of
-                # holding a ghost-sized copy per buffer, pass and direction until the next epoch's
-                # (7 x 64 MiB per ogbn-products graph server). The tag stays: a late duplicate is
-                # still recognised as one.
+            if tag < self.mode.oldest_ghosts(epoch + 1, pass_):
+                # No later exchange can take these rows (the next needs newer ones: always with
+                # S = 0 and in evaluation): let them go now instead of holding a ghost-sized copy
+                # per buffer, pass and direction until the next epoch's (7 x 64 MiB per
+                # ogbn-products graph server). The tag stays: a late duplicate is still
+                # recognised as one.
                 inbox[j] = (tag, None)
         return received
 

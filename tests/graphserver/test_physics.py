@@ -23,7 +23,7 @@ from dorylus.emulator.physics import AWS_NET_LIKE, NetPhysics
 from dorylus.errors import ConfigError
 from dorylus.models.base import GATHER, Stage
 from dorylus.protocol import Op, ProtocolError
-from graphserver.modes import EVAL_SUFFIX, evaluation_apart
+from graphserver.modes import EVAL_SUFFIX, evaluation_apart, get_mode
 from graphserver.invoker import TaskFailed
 from graphserver.server import AsyncPeer, GraphServer, Refused
 
@@ -74,7 +74,7 @@ def stand_in(peer_endpoint: str | None, ctx, physics: NetPhysics = NetPhysics(),
                                   "stale_gamma": 0.9, **config}),
         counters=defaultdict(float), part_id=0, GHOSTS_RETRY_S=0.01, physics=physics, sending={}, smoothed={},
         inbox=defaultdict(dict), inbox_changed=asyncio.Event(), peers={},
-        mode=SimpleNamespace(staleness=config.get("staleness", 1)))
+        mode=get_mode("async", config.get("staleness", 1)))
     if peer_endpoint is not None:
         server.peers[1] = AsyncPeer(ctx, peer_endpoint, "graph server 1", server_role="graphserver", keys=None,
                                     max_bytes=8 << 20, physics=physics)
@@ -260,41 +260,48 @@ def test_stale_correction_smooths_each_new_version_once_in_the_training_pass_onl
                 server.inbox[("train", task, "H")][1] = (epoch, rows)
                 server.inbox[("eval", task, "H")][1] = (epoch, rows)
                 oracle = rows.astype(np.float64) if oracle is None else gamma * oracle + (1 - gamma) * rows
-                # read twice (a stale version read again): folded in once
-                for _ in range(2):
-                    np.testing.assert_allclose(receive(server, "train", epoch + 1, task), oracle, rtol=1e-5,
+                # read twice, fresh and then stale by the next epoch: folded in once
+                for reader in (epoch, epoch + 1):
+                    np.testing.assert_allclose(receive(server, "train", reader, task), oracle, rtol=1e-5,
                                                atol=1e-6)
                 np.testing.assert_array_equal(receive(server, "eval", epoch + 1, task), rows)  # as received
         assert server.counters["stale_corrections"] == 2 * 3  # per buffer and peer, every version after the first
         server.config.stale_correction = False
+        server.inbox[("train", "SC", "H")][1] = (4, versions[4])
         np.testing.assert_array_equal(receive(server, "train", 5), versions[4])
     finally:
         loop.close()
         asyncio.set_event_loop(None)
 
 
-def test_without_staleness_received_rows_are_let_go_once_used():
-    """S = 0 (sync, pipe, async S=0): no later exchange can take an epoch's rows, so the inbox
-    drops them once used (a ghost-sized copy per buffer, pass and direction otherwise); the next
-    epoch waits for new rows, and a late duplicate of the used epoch is not taken for them."""
+@pytest.mark.parametrize("staleness, pass_, tag, kept", [
+    (0, "train", 3, False),  # sync, pipe, async S=0: the next exchange needs epoch 4's rows
+    (1, "train", 3, True),   # S = 1: epoch 4 may still take epoch 3's rows
+    (1, "train", 2, False),  # ... but not epoch 2's
+    (2, "train", 2, True),
+    (1, "eval", 3, False),   # evaluation is exact: epoch 4 needs its own rows
+])
+def test_received_rows_are_let_go_once_no_later_exchange_can_take_them(staleness, pass_, tag, kept):
+    """The inbox drops rows once used when no later exchange can take them (a ghost-sized copy
+    per buffer, pass and direction otherwise); the next epoch waits for new rows, and a late
+    duplicate of the used epoch is not taken for them."""
     rows = np.arange(15, dtype=np.float32).reshape(5, 3)
-    for staleness, kept in ((0, False), (1, True)):
-        server = stand_in(None, None, staleness=staleness, task_timeout_s=0.2)
-        server.peers = {1: None}
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            server.inbox[("train", "SC", "H")][1] = (3, rows)
-            got = loop.run_until_complete(server._receive("SC", "train", 3, 0, "H", 3, []))
-            np.testing.assert_array_equal(got[1], rows)
-            tag, held = server.inbox[("train", "SC", "H")][1]
-            assert tag == 3 and (held is rows) == kept and (held is None) == (not kept)
-            if not kept:  # a later exchange that would take epoch 3's rows (a rollback) waits instead
-                with pytest.raises(TaskFailed, match="no rows of epoch >= 3"):
-                    loop.run_until_complete(server._receive("SC", "train", 3, 0, "H", 3, []))
-        finally:
-            loop.close()
-            asyncio.set_event_loop(None)
+    server = stand_in(None, None, staleness=staleness, task_timeout_s=0.2)
+    server.peers = {1: None}
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        server.inbox[(pass_, "SC", "H")][1] = (tag, rows)
+        got = loop.run_until_complete(server._receive("SC", pass_, 3, 0, "H", tag, []))
+        np.testing.assert_array_equal(got[1], rows)
+        held_tag, held = server.inbox[(pass_, "SC", "H")][1]
+        assert held_tag == tag and (held is rows) == kept and (held is None) == (not kept)
+        if not kept:  # a later exchange that would take these rows (a rollback) waits instead
+            with pytest.raises(TaskFailed, match=f"no rows of epoch >= {tag}"):
+                loop.run_until_complete(server._receive("SC", pass_, 3, 0, "H", tag, []))
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 # ----------------------------------------------------------------------------- evaluation apart
