@@ -139,7 +139,7 @@ def test_aws_like_sets_the_graph_server_figures():
     assert TrainConfig(aws_like=True, net_latency_ms=9.0).graph_server_physics() == AWS_NET_LIKE
     assert TrainConfig(net_latency_ms=0.5, compute_jitter=0.2).graph_server_physics() == \
         NetPhysics(latency_ms=0.5, compute_jitter=0.2)
-    assert TrainConfig(mode="async", staleness=1, stale_correction=True).stale_gamma == 0.95
+    assert TrainConfig(mode="async", staleness=1, stale_correction=True).stale_gamma == 0.5
     with pytest.raises(ConfigError, match="staleness >= 1"):
         TrainConfig(mode="async", staleness=0, stale_correction=True)
 
