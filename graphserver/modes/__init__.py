@@ -64,7 +64,7 @@ class Mode(abc.ABC):
     def barrier_after_stage(self) -> bool:
         """Whether every interval finishes each stage before any interval starts the next."""
 
-    def oldest_ghosts(self, epoch: int, pass_: str = "train") -> int:
+    def oldest_ghosts(self, epoch: int, pass_: str) -> int:
         # Evaluation reads the peers' rows of its own epoch: what it reports is the model after
         # the step, not rows left over from older weights (docs/modes.md).
         return epoch - self.staleness if pass_ == "train" else epoch
