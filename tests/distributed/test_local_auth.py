@@ -30,6 +30,8 @@ CORA_FEATURES, CORA_CLASSES = 1433, 7
 FORGER = r"""
 import json, os, sys, time
 import numpy as np, zmq
+import zmq.utils.garbage  # imported lazily by a zero-copy send: after setuid a checkout under a
+                          # directory only its owner may enter (mktemp -d) could not be read
 from dorylus import protocol
 from dorylus.protocol import Header, Op
 endpoint, uid, layers, victim = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
