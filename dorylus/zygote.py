@@ -4,7 +4,8 @@ imported once per coordinator process instead of once per role.
 Importing torch alone costs a process 2.6 CPU-s, and a role imports torch, numba and ZeroMQ
 before it serves (about 3.3 CPU-s); a 2-part run starts three roles, and a test session many
 runs. The zygote (``python -m dorylus.zygote``, started by :func:`shared`) imports all of that
-and initialises numba's compiler by loading a serial kernel, then forks one child per role. The
+and initialises numba's compiler by loading a serial kernel, then forks one child per role (what
+only one role imports, :data:`ROLE_PRELOAD`, from that role's second fork on). The
 child becomes the role as ``python -m MODULE ARGS`` would: its log on stdout and stderr (at fd
 level, appended), stdin ``/dev/null``, the given cwd, environment and ``sys.argv``, the module run
 as ``__main__``, non-daemon threads joined and ``atexit`` run at the end, its exit status that of
@@ -304,11 +305,18 @@ def stop_shared() -> None:
 
 
 # What the roles import beyond their own modules before they serve or during a run, found with
-# PYTHONPROFILEIMPORTTIME=1 in their logs: the parameter server's torch optimizer imports
-# torch._dynamo (2.7 CPU-s, as much as torch itself), a graph server's Lambda client aiobotocore.
-PRELOAD = ("numpy", "numpy.ma", "torch", "torch._dynamo", "numba", "zmq", "zmq.asyncio", "asyncio", "uuid",
+# PYTHONPROFILEIMPORTTIME=1 in their logs: a graph server's Lambda client imports aiobotocore.
+PRELOAD = ("numpy", "numpy.ma", "torch", "numba", "zmq", "zmq.asyncio", "asyncio", "uuid",
            "aiobotocore.session", "dorylus.spot", *ROLE_MODULES, "graphserver.invoker", "graphserver.scheduler",
            "dorylus.models._kernels_numba", "dorylus.models._dropout_numba")
+# What one role alone imports: the parameter server's torch optimizer imports torch._dynamo
+# (2.5 CPU-s, as much as torch itself; 71 MB RSS, 68 MB of it anonymous). A forked child's RSS
+# counts every anonymous page it inherits, so preloaded for all, it was 71 MB more in the zygote
+# and in each graph server, which never use it (0.21 GiB of a 2-part run's 5.7 GiB RSS
+# together). The first such role imports these itself, at its start (a single run's CPU is the
+# same); from the second fork of its module on (another run of a test session, or a
+# replacement), the zygote imports them first, so later runs pay nothing.
+ROLE_PRELOAD = {"dorylus.paramserver": ("torch._dynamo",)}
 
 
 def _preload() -> None:
@@ -335,6 +343,20 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _preload_role(module: str, forks: dict[str, int]) -> None:
+    """Before forking ``module``'s role for the second time or later: import what that role
+    alone imports (:data:`ROLE_PRELOAD`), still without a second thread."""
+    import importlib
+
+    if not forks.get(module) or all(name in sys.modules for name in ROLE_PRELOAD.get(module, ())):
+        return
+    for name in ROLE_PRELOAD[module]:
+        importlib.import_module(name)
+    if (threads := _threads()) != 1:
+        raise RuntimeError(f"the zygote has {threads} threads after importing {', '.join(ROLE_PRELOAD[module])}; "
+                           "forking it would be unsafe")
+
+
 def _send(control: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
     socket.send_fds(control, [json.dumps(message).encode()], list(fds))
 
@@ -347,6 +369,7 @@ def serve(control: socket.socket, parent: int) -> None:
     """Fork a role per request until the control socket closes or the parent changes; then stop
     the roles that are left."""
     roles: set[int] = set()
+    forks: dict[str, int] = {}  # module -> roles of it forked so far
     stopping = False
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -388,7 +411,9 @@ def serve(control: socket.socket, parent: int) -> None:
                 request = json.loads(data)
                 if len(fds) != 1:
                     raise ValueError(f"a request carries one file descriptor (the log), not {len(fds)}")
+                _preload_role(request["module"], forks)
                 pid = _fork(request, fds[0], close=[control.fileno(), wake_r, wake_w])
+                forks[request["module"]] = forks.get(request["module"], 0) + 1
             except Exception as exc:  # noqa: BLE001 - the coordinator reports it
                 _send(control, {"error": f"{type(exc).__name__}: {exc}"})
                 continue

@@ -74,3 +74,54 @@ def test_freed_heap_memory_goes_back_to_the_system():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     before, after = map(int, out.stdout.split())
     assert before > 300 and after < before - 250, (before, after)
+
+
+def test_work_in_a_forked_child_leaves_its_imports_there_and_raises_its_errors_here(tmp_path):
+    """The coordinator writes the partition store through in_forked_child, so that numba stays
+    out of it: what the work imports is not imported here, its files are, its exceptions are
+    raised here, a child killed by a signal is an error; with a second thread, or with the
+    module to keep out imported already, the work runs here. In a fresh interpreter: pytest's
+    own may run threads."""
+    script = (
+        "import json, os, signal, sys, threading\n"
+        "from pathlib import Path\n"
+        "from dorylus.errors import DorylusError\n"
+        "from dorylus.lifecycle import in_forked_child\n"
+        "out = {}\n"
+        "def work():\n"
+        "    import colorsys\n"
+        f"    Path({str(tmp_path / 'written')!r}).write_text('by the child')\n"
+        "in_forked_child(work, 'the work')\n"
+        f"out['written'] = Path({str(tmp_path / 'written')!r}).read_text()\n"
+        "out['imported_here'] = 'colorsys' in sys.modules\n"
+        "def fails():\n"
+        "    raise ValueError('bad rows')\n"
+        "def unpicklable():\n"
+        "    class Local(Exception): pass\n"
+        "    raise Local('not picklable')\n"
+        "def killed():\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "for name, fn in (('fails', fails), ('unpicklable', unpicklable), ('killed', killed)):\n"
+        "    try:\n"
+        "        in_forked_child(fn, 'the work')\n"
+        "    except Exception as exc:\n"
+        "        out[name] = [type(exc).__name__, str(exc)]\n"
+        "stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()\n"
+        "in_forked_child(work, 'the work')\n"
+        "stop.set(); t.join()\n"
+        "out['imported_with_a_thread'] = 'colorsys' in sys.modules\n"
+        f"pid_file = Path({str(tmp_path / 'pid')!r})\n"
+        "in_forked_child(lambda: pid_file.write_text(str(os.getpid())), 'the work', keep_out='colorsys')\n"
+        "out['ran_here_when_kept_out_is_imported'] = pid_file.read_text() == str(os.getpid())\n"
+        "in_forked_child(lambda: pid_file.write_text(str(os.getpid())), 'the work', keep_out='not_imported')\n"
+        "out['forked_otherwise'] = pid_file.read_text() != str(os.getpid())\n"
+        "print(json.dumps(out))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["written"] == "by the child" and out["imported_here"] is False
+    assert out["fails"] == ["ValueError", "bad rows"]
+    assert out["unpicklable"] == ["DorylusError", "Local: not picklable"]
+    assert out["killed"] == ["DorylusError", "the work failed: its process was killed by signal 9"]
+    assert out["imported_with_a_thread"] is True
+    assert out["ran_here_when_kept_out_is_imported"] is True and out["forked_otherwise"] is True

@@ -74,6 +74,30 @@ def test_a_forked_role_sees_what_python_m_would_and_exits_with_its_status(starte
     assert seen["matmul_error"] < 1e-2 and seen["gather_error"] < 1e-4
 
 
+def test_only_a_second_parameter_server_makes_the_zygote_import_torch_dynamo(started, tmp_path):
+    """torch._dynamo (68 MB anonymous, which every forked child's RSS counts) is the parameter
+    server's alone: the first one imports it itself, graph servers never carry it; from the
+    second parameter server on, the zygote imports it before forking, and so every later role
+    inherits it."""
+    env = local_process_environment()
+    launcher = zygote.Zygote(env)
+    try:
+        role, log = spawn(started, tmp_path, "0", launcher=launcher)
+        assert role.wait(timeout=60) == 0 and report(log)["dynamo"] is False
+        for attempt in range(2):
+            ps_log = tmp_path / f"paramserver-{attempt}.log"
+            with open(ps_log, "a") as out:
+                ps = launcher.spawn("dorylus.paramserver", ["--help"], out, cwd=str(REPO), env=env)
+            started.append(ps)
+            assert ps.wait(timeout=60) == 0 and "usage:" in ps_log.read_text()
+            (tmp_path / f"after-{attempt}").mkdir()
+            role, log = spawn(started, tmp_path / f"after-{attempt}", "0", launcher=launcher)
+            assert role.wait(timeout=60) == 0
+            assert report(log)["dynamo"] is (attempt == 1)
+    finally:
+        launcher.close()
+
+
 def test_an_uncaught_exception_is_printed_to_the_log_with_status_1(started, tmp_path):
     role, log = spawn(started, tmp_path, "not-a-number")
     assert role.wait(timeout=60) == 1

@@ -1,7 +1,8 @@
 """A role for tests/test_zygote.py: reports what a forked child sees, then exits with a status.
 
 ``python -m tests.zygote_role STATUS [THREADS]``: prints one JSON line (cwd, argv, sys.path[0],
-stdin, the environment's ZYGOTE_TEST_* variables, its command line) and, with THREADS, torch's
+stdin, the environment's ZYGOTE_TEST_* variables, its command line, whether it inherited
+torch._dynamo) and, with THREADS, torch's
 thread count after ``set_num_threads`` and products on torch's and numba's parallel kernels
 (which a fork after their thread pools started would hang or kill); ``sleep`` as STATUS sleeps
 until signalled."""
@@ -17,7 +18,8 @@ import time
 def main() -> int:
     report = {"cwd": os.getcwd(), "argv": sys.argv, "path0": sys.path[0], "stdin": sys.stdin.read(),
               "env": {k: v for k, v in os.environ.items() if k.startswith("ZYGOTE_TEST_")},
-              "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0")}
+              "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0"),
+              "dynamo": "torch._dynamo" in sys.modules}  # inherited from the zygote (ROLE_PRELOAD)
     if len(sys.argv) > 2:
         import numpy as np
         import torch
