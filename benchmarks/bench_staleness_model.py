@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from common import machine_info, positive_int, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CURVE_EVERY = 50  # epochs between the test accuracies kept as each run's curve
 
 
 class TwoPartGraph:
@@ -93,7 +94,7 @@ def leaders(pattern: str, epochs: int, seed: int) -> list[tuple[bool, bool]]:
 
 
 def train(graph: TwoPartGraph, dataset, features: torch.Tensor, pattern: str, gamma: float | None, epochs: int,
-          last: int, seed: int, hidden: int = 16) -> dict[str, Any]:
+          last: int, seed: int, lr: float = 0.01, hidden: int = 16) -> dict[str, Any]:
     """Train the model GCN under ``pattern``; the test accuracy of each of the last ``last`` epochs."""
     torch.manual_seed(seed)
     classes = dataset.num_classes
@@ -107,11 +108,11 @@ def train(graph: TwoPartGraph, dataset, features: torch.Tensor, pattern: str, ga
     w0, w1 = glorot(features.shape[1], hidden), glorot(hidden, classes)
     b0, b1 = torch.zeros(hidden, requires_grad=True), torch.zeros(classes, requires_grad=True)
     optimizer = torch.optim.Adam([{"params": [w0], "weight_decay": 5e-4},
-                                  {"params": [w1, b0, b1], "weight_decay": 0.0}], lr=0.01)
+                                  {"params": [w1, b0, b1], "weight_decay": 0.0}], lr=lr)
     previous: dict[int, torch.Tensor] = {}  # layer -> last epoch's exchanged rows (every part's)
     smoothed: dict[tuple[int, int], torch.Tensor] = {}
     gradients: dict[tuple[int, int], torch.Tensor] = {}  # (layer, sender) -> last epoch's, to it
-    accuracies = []
+    accuracies, curve = [], []
     for epoch, lead in enumerate(leaders(pattern, epochs, seed + 1000)):
         h = F.dropout(features, 0.5, True)
         exchanged, received = [], []
@@ -148,12 +149,17 @@ def train(graph: TwoPartGraph, dataset, features: torch.Tensor, pattern: str, ga
         optimizer.step()
         gradients = fresh
         previous = {layer: rows.detach() for layer, rows in enumerate(exchanged)}
-        if epoch >= epochs - last:
+        if epoch >= epochs - last or (epoch + 1) % CURVE_EVERY == 0:
             with torch.no_grad():
                 h = F.relu(graph.full(features @ w0) + b0)
                 out = (graph.full(h) @ w1 if gather_first else graph.full(h @ w1)) + b1
-                accuracies.append(float((out[test_rows].argmax(1) == y[test_rows]).float().mean()))
-    return {"final_loss": float(loss), "final_test_acc": accuracies[-1], "last_mean_test_acc": statistics.mean(accuracies)}
+                accuracy = float((out[test_rows].argmax(1) == y[test_rows]).float().mean())
+            if epoch >= epochs - last:
+                accuracies.append(accuracy)
+            if (epoch + 1) % CURVE_EVERY == 0:
+                curve.append((epoch + 1, accuracy))
+    return {"final_loss": float(loss.detach()), "final_test_acc": accuracies[-1],
+            "last_mean_test_acc": statistics.mean(accuracies), "test_acc_curve": curve}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -165,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also run every stale pattern with the correction at this gamma (default: without only)")
     parser.add_argument("--seeds", default="0", help="comma-separated model seeds (default: 0)")
     parser.add_argument("--epochs", type=positive_int, default=300, help="epochs (default: 300)")
+    parser.add_argument("--lr", type=float, default=0.01, help="Adam's learning rate (default: 0.01)")
     parser.add_argument("--last", type=positive_int, default=20, help="epochs averaged at the end (default: 20)")
     parser.add_argument("--output", type=Path, default=None, help="JSON result path")
     args = parser.parse_args(argv)
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             leaders(p, 1, 0)
         if args.stale_gamma is not None and not 0.0 < args.stale_gamma < 1.0:
             raise ValueError(f"--stale-gamma must be in (0, 1), got {args.stale_gamma}")
+        if not args.lr > 0:
+            raise ValueError(f"--lr must be positive, got {args.lr}")
         if args.last > args.epochs:
             raise ValueError(f"--last {args.last} exceeds --epochs {args.epochs}")
         dataset = load_dataset(args.dataset)
@@ -190,13 +199,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     features = torch.from_numpy(np.asarray(row_normalize(np.array(dataset.features, dtype=np.float32))))
     graph = TwoPartGraph(dataset, assign_parts(dataset.num_nodes, dataset.src, dataset.dst, 2, "metis"))
     print(f"staleness model: {dataset.name}, 2 METIS parts ({graph.cut:.1%} of A_hat's entries cross), "
-          f"{args.epochs} epochs, seeds {seeds}", flush=True)
+          f"{args.epochs} epochs, lr {args.lr}, seeds {seeds}", flush=True)
     runs = [(p, None) for p in patterns]
     if args.stale_gamma is not None:
         runs += [(p, args.stale_gamma) for p in patterns if p != "none"]
     rows = []
     for pattern, gamma in runs:
-        results = [train(graph, dataset, features, pattern, gamma, args.epochs, args.last, seed) for seed in seeds]
+        results = [train(graph, dataset, features, pattern, gamma, args.epochs, args.last, seed, args.lr)
+                   for seed in seeds]
         rows.append({"pattern": pattern, "stale_gamma": gamma, "seeds": seeds, "runs": results})
     baseline = next((r for r in rows if r["pattern"] == "none"), None)
     print(f"{'pattern':<14} {'gamma':>5} {'final test':>10} {'last-' + str(args.last) + ' mean':>13} "
@@ -209,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["last_mean_diff_points"] = diffs
         print(f"{row['pattern']:<14} {row['stale_gamma'] or '-':>5} {final:>10.4f} {mean:>13.4f} "
               f"{' '.join(f'{d:+.2f}' for d in diffs):>40}")
-    result = {"benchmark": "staleness-model", "dataset": dataset.name, "epochs": args.epochs, "last": args.last,
+    result = {"benchmark": "staleness-model", "dataset": dataset.name, "epochs": args.epochs, "lr": args.lr,
+              "last": args.last,
               "cut_fraction": graph.cut, "rows": rows, "machine": machine_info(load_before, os.getloadavg())}
     write_json(result, args.output or RESULTS / f"staleness-model-{dataset.name}.json")
     return result

@@ -14,6 +14,7 @@ models use through ``h @ W`` and ``h.T @ G`` like dense rows; :func:`as_float32`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -204,8 +205,22 @@ def loss_stage(rows: list[np.ndarray], args: dict[str, Any]):
 
 
 class _Loss:
-    def __init__(self, meta: dict[str, Any], grad: np.ndarray | None):
-        self.meta, self.grad = meta, grad
+    """``meta`` and, training, ``dL/dlogits`` kept as its non-zero rows: ``train_grad`` on rows
+    ``train_rows`` of the ``[n, C]`` logits (the train rows are a few percent of an interval,
+    so a product with the gradient needs only them)."""
+
+    def __init__(self, meta: dict[str, Any], shape: tuple[int, int], train_rows: np.ndarray | None = None,
+                 train_grad: np.ndarray | None = None):
+        self.meta, self.shape, self.train_rows, self.train_grad = meta, shape, train_rows, train_grad
+
+    @functools.cached_property
+    def grad(self) -> np.ndarray | None:
+        """``dL/dlogits`` as a dense ``float32 [n, C]`` array (None when not training)."""
+        if self.train_grad is None:
+            return None
+        grad = np.zeros(self.shape, np.float32)
+        grad[self.train_rows] = self.train_grad
+        return grad
 
 
 def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, split: np.ndarray, train_count: int,
@@ -251,10 +266,11 @@ def softmax_regression(z: np.ndarray, w: np.ndarray, b: np.ndarray, labels: np.n
         hi = min(lo + block_rows, n)
         block = _block_loss(z[lo:hi] @ w + b, labels[lo:hi], split[lo:hi], train_count, training)
         meta = {k: meta.get(k, 0) + v for k, v in block.meta.items()}
-        if training:
-            grad_z[lo:hi] = block.grad @ w.T
-            grad_w += z[lo:hi].T @ block.grad
-            grad_b += block.grad.sum(0)
+        if training:  # only the train rows' gradient is non-zero
+            rows = lo + block.train_rows
+            grad_z[rows] = block.train_grad @ w.T
+            grad_w += z[rows].T @ block.train_grad
+            grad_b += block.train_grad.sum(0)
     if not training:
         return meta, None, None, None
     return meta, grad_z, grad_w.astype(np.float32), grad_b.astype(np.float32)
@@ -297,12 +313,10 @@ def _block_loss(logits: np.ndarray, labels: np.ndarray, split: np.ndarray, train
     meta["loss"] = float(-(shifted - log_sum)[np.arange(len(train_rows)), labels[train_rows]].sum(dtype=np.float64)
                          / train_count)
     if not training:
-        return _Loss(meta, None)
-    grad = np.zeros_like(logits)
+        return _Loss(meta, logits.shape)
     train_grad = np.exp(shifted - log_sum)
     train_grad[np.arange(len(train_rows)), labels[train_rows]] -= np.float32(1.0)
-    grad[train_rows] = train_grad / np.float32(train_count)
-    return _Loss(meta, grad)
+    return _Loss(meta, logits.shape, train_rows, train_grad / np.float32(train_count))
 
 
 def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:

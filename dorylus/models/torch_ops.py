@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dorylus import masks
-from dorylus.models.ops import SPLITS, TRAIN, _Loss
+from dorylus.models.ops import SPLITS, TRAIN
 
 # The hash's 16-bit lanes are read by viewing int64 words as int16 (see _keep_of_bits): lane k is
 # bits 16k..16k+15 only on a little-endian machine, which CUDA devices and x86/ARM hosts are.
@@ -226,6 +226,13 @@ def prepare_backward(grad_h: torch.Tensor, src: torch.Tensor, ids: torch.Tensor,
     elif activation is not None:
         raise ValueError(f"unknown activation {activation!r}; known: relu, elu")
     return grad
+
+
+class _Loss(NamedTuple):
+    """The loss meta and, training, the dense ``dL/dlogits`` (None otherwise)."""
+
+    meta: dict[str, Any]
+    grad: torch.Tensor | None
 
 
 def loss_stage(rows: list[torch.Tensor], args: dict[str, Any]):
