@@ -343,12 +343,12 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _preload_role(module: str, forks: dict[str, int]) -> None:
+def _preload_role(module: str, forked: set[str]) -> None:
     """Before forking ``module``'s role for the second time or later: import what that role
     alone imports (:data:`ROLE_PRELOAD`), still without a second thread."""
     import importlib
 
-    if not forks.get(module) or all(name in sys.modules for name in ROLE_PRELOAD.get(module, ())):
+    if module not in forked or all(name in sys.modules for name in ROLE_PRELOAD.get(module, ())):
         return
     for name in ROLE_PRELOAD[module]:
         importlib.import_module(name)
@@ -369,7 +369,7 @@ def serve(control: socket.socket, parent: int) -> None:
     """Fork a role per request until the control socket closes or the parent changes; then stop
     the roles that are left."""
     roles: set[int] = set()
-    forks: dict[str, int] = {}  # module -> roles of it forked so far
+    forked: set[str] = set()  # modules with a role forked so far
     stopping = False
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -411,9 +411,9 @@ def serve(control: socket.socket, parent: int) -> None:
                 request = json.loads(data)
                 if len(fds) != 1:
                     raise ValueError(f"a request carries one file descriptor (the log), not {len(fds)}")
-                _preload_role(request["module"], forks)
+                _preload_role(request["module"], forked)
                 pid = _fork(request, fds[0], close=[control.fileno(), wake_r, wake_w])
-                forks[request["module"]] = forks.get(request["module"], 0) + 1
+                forked.add(request["module"])
             except Exception as exc:  # noqa: BLE001 - the coordinator reports it
                 _send(control, {"error": f"{type(exc).__name__}: {exc}"})
                 continue
