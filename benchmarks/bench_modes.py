@@ -28,7 +28,8 @@ one step, training pass **and** the evaluation forward pass, in every mode alike
 * ``stale mean`` / ``stale max``: mean over all epochs of the per-epoch ``staleness_mean``, and
   the largest ``staleness_max`` (epochs between a ghost row read and the epoch reading it);
   ``lag max``: the largest ``weight_lag_max`` (weight versions behind the newest at a pull);
-* ``final test``: test accuracy after the last epoch;
+* ``final test``: test accuracy after the last epoch; ``last-K``: its mean over the last
+  ``--final-window`` epochs (default 10), which an epoch's noise moves less;
 * ``t->target``: wall seconds (``epoch_s`` summed from epoch 1, warm-up included) until the
   first epoch whose ``test_acc`` >= ``--target-fraction`` (0.95) x sync's final test accuracy,
   with that epoch; "not reached" otherwise.
@@ -36,6 +37,12 @@ one step, training pass **and** the evaluation forward pass, in every mode alike
     python benchmarks/bench_modes.py                      # both datasets, every mode, 30 epochs
     python benchmarks/bench_modes.py --dataset synthetic-1m --epochs 10 --modes sync,async1,async1c
     python benchmarks/bench_modes.py --dataset ../shared/data/cora.npz --epochs 100 --no-aws-like
+    python benchmarks/bench_modes.py --dataset synthetic-1m --modes sync,async1c --epochs 300 --seed 0 --seed 1
+
+With several ``--seed``\ s (each a partition, initialisation and dropout of its own) every seed
+runs every mode and prints its table; the goal is then judged on the means over the seeds
+(speedup, and the difference from sync's final test accuracy, seed by seed), and each seed's
+difference is printed beside it, so that one seed's luck does not decide a one-point goal.
 
 Prints a table per dataset and writes ``benchmarks/results/modes-<dataset>.json`` (``--output``,
 with one dataset only), with the per-epoch losses, accuracies, times and staleness of every mode.
@@ -129,7 +136,7 @@ def time_to_target(history: list[dict[str, Any]], target: float) -> tuple[float 
     return None, None
 
 
-def measure(name: str, base: TrainConfig, dataset, workdir: Path, warmup: int) -> dict[str, Any]:
+def measure(name: str, base: TrainConfig, dataset, workdir: Path, warmup: int, final_window: int) -> dict[str, Any]:
     """Train ``base`` in mode ``name`` in a fresh run dir on the shared store."""
     mode, staleness, correction = parse_mode(name)
     config = TrainConfig.from_dict({**base.to_dict(), "mode": mode, "staleness": staleness,
@@ -152,6 +159,7 @@ def measure(name: str, base: TrainConfig, dataset, workdir: Path, warmup: int) -
         "cost_usd_mean": mean([m["cost_usd"] for m in timed]),
         "final_loss": history[-1]["loss"],
         "final_test_acc": summary["final_test_acc"],
+        "last_test_acc_mean": mean([m["test_acc"] for m in history[-final_window:] if m.get("test_acc") is not None]),
         "best_val_acc": summary["best_val_acc"],
         "test_acc_at_best_val": summary["test_acc_at_best_val"],
         "gradients": summary.get("gradients"),
@@ -171,30 +179,41 @@ def add_targets(rows: list[dict[str, Any]], fraction: float) -> float:
     for r in rows:
         r["speedup_vs_sync"] = sync["epoch_s_mean"] / r["epoch_s_mean"]
         r["test_acc_diff_vs_sync"] = r["final_test_acc"] - sync["final_test_acc"]
+        r["last_test_acc_diff_vs_sync"] = r["last_test_acc_mean"] - sync["last_test_acc_mean"]
         r["time_to_target_s"], r["time_to_target_epoch"] = time_to_target(r["epochs"], target)
     return target
 
 
-def goal_check(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def goal_check(rows_by_seed: dict[int, list[dict[str, Any]]]) -> dict[str, Any] | None:
     """Async S=1's speedup (the corrected run's if it ran, else the plain one's) and the corrected
-    run's accuracy against sync's."""
-    corrected = next((r for r in rows if r["mode"] == f"{GOAL_MODE}1c"), None)
-    row = corrected or next((r for r in rows if r["mode"] == f"{GOAL_MODE}1"), None)
-    if row is None:
-        return None
-    speed_ok = row["speedup_vs_sync"] >= GOAL_SPEEDUP
-    acc_ok = abs(corrected["test_acc_diff_vs_sync"]) <= GOAL_ACC_POINTS if corrected else None
+    run's final test accuracy against sync's, each a mean over the seeds (with every seed's)."""
+    speedups, diffs, mode = [], [], None
+    for rows in rows_by_seed.values():
+        corrected = next((r for r in rows if r["mode"] == f"{GOAL_MODE}1c"), None)
+        row = corrected or next((r for r in rows if r["mode"] == f"{GOAL_MODE}1"), None)
+        if row is None:
+            return None
+        mode = row["mode"]
+        speedups.append(row["speedup_vs_sync"])
+        if corrected:
+            diffs.append(corrected["test_acc_diff_vs_sync"])
+    speedup = mean(speedups)
+    diff = mean(diffs) if diffs else None
+    speed_ok = speedup >= GOAL_SPEEDUP
+    acc_ok = abs(diff) <= GOAL_ACC_POINTS if diff is not None else None
     return {"goal": f"async S=1 at least {GOAL_SPEEDUP}x faster per epoch than sync; with --stale-correction its "
-                    f"final test accuracy within 1 point of sync's", "mode": row["mode"],
-            "speedup": row["speedup_vs_sync"], "speedup_needed": GOAL_SPEEDUP,
-            "test_acc_diff": corrected["test_acc_diff_vs_sync"] if corrected else None,
+                    f"final test accuracy within 1 point of sync's", "mode": mode, "seeds": list(rows_by_seed),
+            "speedup": speedup, "speedup_per_seed": speedups, "speedup_needed": GOAL_SPEEDUP,
+            "test_acc_diff": diff, "test_acc_diff_per_seed": diffs,
+            "test_acc_diff_spread": statistics.stdev(diffs) if len(diffs) > 1 else None,
             "test_acc_diff_allowed": GOAL_ACC_POINTS, "speed_ok": speed_ok, "accuracy_ok": acc_ok,
             "met": speed_ok and bool(acc_ok)}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (f"{'mode':<8} {'s/epoch med':>11} {'mean':>6} {'speedup':>7} {'stale mean':>10} {'stale max':>9} {'lag max':>7} "
-              f"{'relaunch':>8} {'final test':>10} {'d vs sync':>9} {'t->target s':>11} {'@epoch':>6}")
+              f"{'relaunch':>8} {'final test':>10} {'d vs sync':>9} {'last-K':>7} {'d vs sync':>9} {'t->target s':>11} "
+              f"{'@epoch':>6}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -203,7 +222,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         at = f"{r['time_to_target_epoch']:6d}" if reached else f"{'-':>6}"
         print(f"{r['mode']:<8} {r['epoch_s_median']:11.3f} {r['epoch_s_mean']:6.3f} {r['speedup_vs_sync']:6.2f}x {r['staleness_mean']:10.3f} "
               f"{r['staleness_max']:9d} {r['weight_lag_max']:7d} {r['relaunches']:8d} {r['final_test_acc']:10.4f} "
-              f"{r['test_acc_diff_vs_sync'] * 100:+8.2f}p {ttt} {at}")
+              f"{r['test_acc_diff_vs_sync'] * 100:+8.2f}p {r['last_test_acc_mean']:7.4f} "
+              f"{r['last_test_acc_diff_vs_sync'] * 100:+8.2f}p {ttt} {at}")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -233,12 +253,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="time-to-accuracy target as a fraction of sync's final test accuracy (default: 0.95)")
     parser.add_argument("--layers", type=positive_int, default=TrainConfig.layers, help="GCN layers (default: 2)")
     parser.add_argument("--hidden", type=positive_int, default=TrainConfig.hidden, help="hidden width (default: 16)")
-    parser.add_argument("--seed", type=int, default=0, help="partitioner, weight init and dropout seed (default: 0)")
+    parser.add_argument("--seed", type=int, action="append", default=None,
+                        help="partitioner, weight init and dropout seed; repeat for more, each running every mode "
+                             "(default: 0)")
+    parser.add_argument("--final-window", type=positive_int, default=10,
+                        help="epochs at the end whose mean test accuracy is the last-K column (default: 10)")
     parser.add_argument("--workdir", default=None, help="parent of the temp store and run dirs (default: system temp dir)")
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON result path, with one --dataset (default: benchmarks/results/modes-<dataset>.json)")
     args = parser.parse_args(argv)
     args.dataset = args.dataset or DEFAULT_DATASETS
+    args.seed = args.seed or [0]
+    if len(set(args.seed)) != len(args.seed):
+        parser.error(f"--seed repeats a seed: {args.seed}")
+    if args.final_window > args.epochs:
+        parser.error(f"--final-window {args.final_window} exceeds --epochs {args.epochs}")
     if not 0 <= args.warmup < args.epochs:
         parser.error(f"--warmup must be in [0, --epochs), got {args.warmup} with --epochs {args.epochs}")
     if not 0 < args.target_fraction <= 1:
@@ -255,53 +284,36 @@ def bench_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     output = args.output or RESULTS / f"modes-{name}.json"
     load_before = os.getloadavg()
     print(f"modes benchmark: {spec}, backend {args.backend}{' (aws-like)' if args.aws_like else ''}, {args.parts} "
-          f"parts x {args.intervals} intervals, modes {','.join(args.modes)}, {args.epochs} epochs each; torch "
-          f"{torch.__version__}, {os.cpu_count()} cpus, load average {load_before[0]:.2f} {load_before[1]:.2f} "
-          f"{load_before[2]:.2f}", flush=True)
+          f"parts x {args.intervals} intervals, modes {','.join(args.modes)}, {args.epochs} epochs each, seeds "
+          f"{','.join(map(str, args.seed))}; torch {torch.__version__}, {os.cpu_count()} cpus, load average "
+          f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     dataset = load_dataset(spec)
     print(f"  {dataset.name}: {dataset.num_nodes:,} vertices, {dataset.num_edges:,} edges, "
           f"{dataset.num_features} features, {dataset.num_classes} classes", flush=True)
-
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-modes-", dir=args.workdir) as workdir:
-        store_path = Path(workdir) / "store"
-        start = time.perf_counter()
-        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=args.seed)
-        write_store(dataset, parts, store_path, method="metis", seed=args.seed)
-        store_fingerprint = open_store(store_path, verify=True).fingerprint()
-        partition_s = time.perf_counter() - start
-        print(f"  partitioned once (METIS, {args.parts} parts) in {partition_s:.1f} s; every mode trains on this store",
-              flush=True)
-        base = TrainConfig(dataset=spec, backend=args.backend, partitions=str(store_path), parts=args.parts,
-                           partition_method="metis", intervals=args.intervals, functions=args.functions,
-                           aws_like=args.aws_like, stale_gamma=args.stale_gamma, layers=args.layers,
-                           hidden=args.hidden, seed=args.seed, epochs=args.epochs, eval_every=1,
-                           checkpoint_every=args.epochs)
-        for mode in args.modes:
-            row = measure(mode, base, dataset, Path(workdir), args.warmup)
-            rows.append(row)
-            print(f"  {mode}: {row['epoch_s_median']:.3f} s/epoch (median), final test acc "
-                  f"{row['final_test_acc']:.4f}, {row['total_epoch_s']:.1f} s in epochs + {row['overhead_s']:.1f} s "
-                  f"outside", flush=True)
-    target = add_targets(rows, args.target_fraction)
-    goal = goal_check(rows)
+    runs = [bench_seed(spec, dataset, seed, args) for seed in args.seed]
+    goal = goal_check({run["seed"]: run["modes"] for run in runs})
     load_after = os.getloadavg()
+    base = runs[0]["base"]
 
-    print()
     print(f"{dataset.name}, {args.parts} parts x {args.intervals} intervals, backend {args.backend}"
           f"{' (aws-like)' if args.aws_like else ''}, {base.layers}-layer GCN hidden {base.hidden}; "
           f"{args.epochs} epochs per mode, s/epoch = median after {args.warmup} warm-up epoch(s).")
     print("Every epoch includes the evaluation forward pass (eval_every=1). speedup = sync mean s/epoch / mode's; "
           "stale mean/max and lag max over all epochs; c = --stale-correction;")
-    print(f"t->target = seconds summed over epochs until test acc >= {args.target_fraction:g} x sync final "
-          f"({target:.4f}); d vs sync = final test acc minus sync's, in points.")
-    print_table(rows)
+    print(f"t->target = seconds summed over epochs until test acc >= {args.target_fraction:g} x sync final; "
+          f"d vs sync = final test acc minus sync's, in points; last-K = mean test acc of the last "
+          f"{args.final_window} epochs.")
+    for run in runs:
+        print(f"\nseed {run['seed']} (target test acc {run['target_test_acc']:.4f}):")
+        print_table(run["modes"])
     print()
     if goal is not None:
         accuracy = ("not measured (no async1c)" if goal["accuracy_ok"] is None else
-                    f"{goal['test_acc_diff'] * 100:+.2f} points (within {GOAL_ACC_POINTS * 100:g}) "
-                    f"{'OK' if goal['accuracy_ok'] else 'NOT MET'}")
-        print(f"goal: {goal['goal']}: {goal['mode']} speedup {goal['speedup']:.2f}x (need {GOAL_SPEEDUP}x) "
+                    f"{goal['test_acc_diff'] * 100:+.2f} points (per seed "
+                    f"{', '.join(f'{d * 100:+.2f}' for d in goal['test_acc_diff_per_seed'])}; within "
+                    f"{GOAL_ACC_POINTS * 100:g}) {'OK' if goal['accuracy_ok'] else 'NOT MET'}")
+        over = f" (mean of {len(args.seed)} seeds)" if len(args.seed) > 1 else ""
+        print(f"goal{over}: {goal['goal']}: {goal['mode']} speedup {goal['speedup']:.2f}x (need {GOAL_SPEEDUP}x) "
               f"{'OK' if goal['speed_ok'] else 'NOT MET'}, accuracy {accuracy}: {'MET' if goal['met'] else 'NOT MET'}")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} cpus, shared: "
@@ -311,22 +323,50 @@ def bench_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "modes", "dataset": spec, "dataset_name": dataset.name,
         "num_nodes": dataset.num_nodes, "num_edges": dataset.num_edges, "num_features": dataset.num_features,
         "num_classes": dataset.num_classes, "epochs": args.epochs, "warmup_epochs": args.warmup,
+        "final_window": args.final_window,
         "timed": "epoch_s = wall time of one training step including the evaluation forward pass (eval_every=1); "
                  "s/epoch statistics over the epochs after the warm-up; staleness, lag, time to target over all",
-        "partition": {"method": "metis", "parts": args.parts, "seed": args.seed, "seconds": partition_s,
-                      "store_sha256": store_fingerprint, "note": "partitioned once, outside every timing; every "
-                                                                "mode trains on the same store"},
-        "target_fraction": args.target_fraction, "target_test_acc": target,
+        "target_fraction": args.target_fraction,
         "graph_server_physics": dataclasses.asdict(base.graph_server_physics()),
         "config": {**base.to_dict(), "mode": None, "staleness": None, "stale_correction": None, "partitions": None,
-                   "run_dir": None},
-        "modes": rows, "goal": goal,
+                   "run_dir": None, "seed": None},
+        "seeds": [{k: v for k, v in run.items() if k != "base"} for run in runs], "goal": goal,
         "machine": machine_info(load_before, load_after),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     write_json(result, output)
     print(f"wrote {output}\n", flush=True)
     return result
+
+
+def bench_seed(spec: str, dataset, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Every mode of ``args`` with ``seed``, on one METIS partition store made with that seed."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-modes-", dir=args.workdir) as workdir:
+        store_path = Path(workdir) / "store"
+        start = time.perf_counter()
+        parts = assign_parts(dataset.num_nodes, dataset.src, dataset.dst, args.parts, "metis", seed=seed)
+        write_store(dataset, parts, store_path, method="metis", seed=seed)
+        store_fingerprint = open_store(store_path, verify=True).fingerprint()
+        partition_s = time.perf_counter() - start
+        print(f"  seed {seed}: partitioned once (METIS, {args.parts} parts) in {partition_s:.1f} s; every mode "
+              "trains on this store", flush=True)
+        base = TrainConfig(dataset=spec, backend=args.backend, partitions=str(store_path), parts=args.parts,
+                           partition_method="metis", intervals=args.intervals, functions=args.functions,
+                           aws_like=args.aws_like, stale_gamma=args.stale_gamma, layers=args.layers,
+                           hidden=args.hidden, seed=seed, epochs=args.epochs, eval_every=1,
+                           checkpoint_every=args.epochs)
+        for mode in args.modes:
+            row = measure(mode, base, dataset, Path(workdir), args.warmup, args.final_window)
+            rows.append(row)
+            print(f"  seed {seed} {mode}: {row['epoch_s_median']:.3f} s/epoch (median), final test acc "
+                  f"{row['final_test_acc']:.4f}, {row['total_epoch_s']:.1f} s in epochs + {row['overhead_s']:.1f} s "
+                  f"outside", flush=True)
+    target = add_targets(rows, args.target_fraction)
+    return {"seed": seed, "base": base, "target_test_acc": target, "modes": rows,
+            "partition": {"method": "metis", "parts": args.parts, "seed": seed, "seconds": partition_s,
+                          "store_sha256": store_fingerprint, "note": "partitioned once, outside every timing; every "
+                                                                    "mode trains on the same store"}}
 
 
 if __name__ == "__main__":  # required: the emulator's workers are started with 'spawn' and re-import main
