@@ -163,6 +163,11 @@ class DistributedTrainer:
             counts["since_epoch"] = self.since_epoch
         return counts
 
+    def weight_pulls(self) -> int:
+        """Weight pulls the parameter server answered (since it started)."""
+        reply, _ = self.cluster.ps_request(Header(Op.STATS))
+        return int(reply.meta["pulls"])
+
     def _cost(self, before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
         """The epoch's function bill (the emulator's counters since the last epoch) and its
         dollars and value (:func:`dorylus.cost.epoch_metrics`)."""

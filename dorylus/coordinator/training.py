@@ -508,5 +508,6 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
         summary["recoveries"] = recoveries
     if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
         summary["gradients"] = trainer.grad_counts()
+        summary["weight_pulls"] = trainer.weight_pulls()
     run.write_summary(summary)
     return summary

@@ -7,6 +7,7 @@ the same calls on a state whose rows live on a torch device (:mod:`graphserver.b
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 from typing import Any
 
@@ -29,6 +30,14 @@ class CpuBackend(LimitedBackend):
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, min(server.config.intervals, torch.get_num_threads())))
         self.calls = 0
+        # Weights of the stash keys (layer, epoch, interval) pulled this training run: every
+        # ``pin`` and ``stash`` pull of one key gets the version its first pin pinned
+        # (dorylus.paramserver), so a key's later stages (GCN: BIAS and AV_BWD after AV) need no
+        # round trip. Versions are immutable, so sharing the arrays is safe. Bounded, oldest
+        # dropped first: a key dropped too soon is pulled again, never wrong.
+        self.pinned: collections.OrderedDict[tuple, tuple[list, dict, Any]] = collections.OrderedDict()
+        self.pinned_for = None  # the scheduler (one per ``train`` command) the keys were pulled for
+        self.pinned_max = server.config.intervals * server.config.layers * (server.config.staleness + 2)
 
     async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:
         async with self.limiter.slot(priority):
@@ -49,12 +58,7 @@ class CpuBackend(LimitedBackend):
         rows = [server.state.rows(name)[a:b] for name in event["reads"]]
         params, meta = None, {}
         if event["weights"]:
-            reply, tensors = await server.ps.request(Header(
-                Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
-                meta={"weights": event["weights"]}), timeout=server.config.task_timeout_s)
-            params = dict(zip(reply.names, tensors))
-            meta = {"version": reply.version,
-                    "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
+            params, meta = await self._weights(event["weights"], layer, epoch, interval)
         model = get_model(event["model"])
         result = await asyncio.get_running_loop().run_in_executor(
             self.executor, server.state.compute, model, event["task"], layer, rows, params, event["args"])
@@ -65,6 +69,27 @@ class CpuBackend(LimitedBackend):
                                     timeout=server.config.task_timeout_s)
         meta.update(result.meta)
         return result.rows, meta
+
+    async def _weights(self, wanted: str, layer: int, epoch: int, interval: int) -> tuple[dict, dict[str, Any]]:
+        """The layer's parameters for a call and its meta (version, weight lag), from the
+        parameter server or, for a stash key pulled before in this run, from :attr:`pinned`."""
+        server = self.server
+        if self.pinned_for is not server.scheduler:  # a new run (perhaps after a recovery): new pins
+            self.pinned.clear()
+            self.pinned_for = server.scheduler
+        key = (layer, epoch, interval)
+        if wanted in ("pin", "stash") and key in self.pinned:
+            names, tensors, meta = self.pinned[key]
+            return dict(zip(names, tensors)), dict(meta)
+        reply, tensors = await server.ps.request(Header(
+            Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
+            meta={"weights": wanted}), timeout=server.config.task_timeout_s)
+        meta = {"version": reply.version, "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
+        if wanted == "pin":
+            self.pinned[key] = (reply.names, tensors, meta)
+            while len(self.pinned) > self.pinned_max:
+                self.pinned.popitem(last=False)
+        return dict(zip(reply.names, tensors)), dict(meta)
 
     def take_stats(self) -> dict[str, Any]:
         stats = {"invocations": self.calls, **self.limiter.take_stats()}

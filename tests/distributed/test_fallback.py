@@ -114,7 +114,7 @@ def _fallback_server(compute_error: Exception | None):
         raise compute_error
 
     config = SimpleNamespace(task_timeout_s=30, relaunch_min_s=5.0, relaunch_ratio=3.0, fallback_after=2,
-                             intervals=1)
+                             intervals=1, layers=2, staleness=0)
     return SimpleNamespace(part_id=0, results={}, config=config, state=SimpleNamespace(rows=rows))
 
 

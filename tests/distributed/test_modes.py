@@ -122,3 +122,25 @@ def test_faults_are_relaunched_and_every_gradient_applied_once(tmp_path, cora):
     for want, got in zip(clean, faulty):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), got["epoch"]
         assert got["test_acc"] == want["test_acc"]
+
+
+@pytest.mark.timeout(300)
+def test_cpu_backend_pulls_each_stash_key_once(tmp_path, cora):
+    """The cpu backend pulls a stash key's weights once per training pass: its later pin and
+    stash stages (GCN: BIAS and AV_BWD after AV) reuse them; evaluation pulls the newest each
+    call. Async S=1 still applies every gradient once and trains."""
+    from dorylus.models import get_model
+    from dorylus.models.base import FUNCTION
+    from dorylus.models.spec import ModelSpec
+
+    epochs, intervals = 4, 2
+    summary, metrics = _train(tmp_path, cora, "run", backend="cpu", mode="async", staleness=1, epochs=epochs,
+                              intervals=intervals, eval_every=epochs)
+    config = TrainConfig(dataset="cora")
+    plan = get_model(config.model).build_plan(ModelSpec.from_config(config, cora.num_features, cora.num_classes))
+    keys = {s.layer for s in plan.train if s.kind == FUNCTION and s.weights in ("pin", "stash")}
+    eval_pulls = sum(1 for s in plan.evaluate if s.kind == FUNCTION and s.weights)
+    assert len(keys) == LAYERS and eval_pulls > 0
+    assert summary["weight_pulls"] == 2 * intervals * (epochs * len(keys) + eval_pulls)
+    assert summary["gradients"] == {"applied": 2 * intervals * LAYERS * epochs, "dropped": 0}
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
