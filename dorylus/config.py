@@ -144,9 +144,11 @@ class _Config:
     staleness: int = _opt(0, f"{_staleness_modes_text()}: an interval starts epoch e only when e <= min_epoch + S, "
                           "and training's Gather reads ghost rows at most S epochs old (weights and evaluation "
                           "are never stale)")
-    stale_correction: bool = _opt(False, f"{_staleness_modes_text()} with staleness >= 1: the training pass uses a "
-                                  "running average of each peer's ghost rows and ghost gradients, g = gamma g + "
-                                  "(1 - gamma) received, instead of the stale rows as received (PipeGCN's smoothing)")
+    stale_correction: bool = _opt(False, f"{_staleness_modes_text()} with staleness >= 1: where a peer's ghost rows "
+                                  "or ghost gradients are stale, the training pass uses their running average over "
+                                  "the versions received, g = gamma g + (1 - gamma) received, instead of the stale "
+                                  "rows as received (PipeGCN's smoothing); rows of the reader's own epoch are used "
+                                  "as received")
     # 0.5, not PipeGCN's 0.95: an average over ~20 versions lagged a model that still moved fast,
     # costing 1-1.5 points of test accuracy on synthetic-1m where 0.5 cost none (benchmarks/README)
     stale_gamma: float = _opt(0.5, "--stale-correction's decay gamma, in [0, 1)")

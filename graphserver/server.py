@@ -468,7 +468,7 @@ class GraphServer:
         for j in self.peers:
             tag, rows = inbox[j]
             ages.append(max(0, epoch - tag))
-            received[j] = self._smooth(task, name, j, tag, rows) if self._corrects(pass_) else rows
+            received[j] = self._smooth(task, name, j, tag, rows, stale=tag < epoch) if self._corrects(pass_) else rows
             if tag < self.mode.oldest_ghosts(epoch + 1, pass_):
                 # No later exchange can take these rows (the next needs newer ones: always with
                 # S = 0 and in evaluation): let them go now instead of holding a ghost-sized copy
@@ -482,11 +482,13 @@ class GraphServer:
         # The training pass only: evaluation wants the newest rows, not a smoothed estimate.
         return self.config.stale_correction and pass_ == "train"
 
-    def _smooth(self, task: str, name: str, peer: int, tag: int, rows: np.ndarray) -> np.ndarray:
-        """--stale-correction: the running average g = gamma g + (1 - gamma) rows over the
-        versions (epochs) of ``peer``'s rows of ``name`` received so far, each folded in once;
-        it starts at the first version received (not at zero, which would bias it for ~1 / (1 -
-        gamma) epochs)."""
+    def _smooth(self, task: str, name: str, peer: int, tag: int, rows: np.ndarray, *, stale: bool) -> np.ndarray:
+        """--stale-correction: for ``stale`` rows (of an epoch before the reader's), the running
+        average g = gamma g + (1 - gamma) rows over the versions (epochs) of ``peer``'s rows of
+        ``name`` received so far, each folded in once; it starts at the first version received
+        (not at zero, which would bias it for ~1 / (1 - gamma) epochs). Rows of the reader's own
+        epoch are folded in and used as received: they need no correction, and the average
+        would only lag them (and blur their dropout masks)."""
         key = (task, name, peer)
         held = self.smoothed.get(key)
         if held is None:
@@ -495,7 +497,7 @@ class GraphServer:
             gamma = np.float32(self.config.stale_gamma)
             self.smoothed[key] = (tag, gamma * held[1] + (np.float32(1) - gamma) * rows)
             self.counters["stale_corrections"] += 1
-        return self.smoothed[key][1]
+        return self.smoothed[key][1] if stale else rows
 
     def stage_args(self, stage, pass_: str, epoch: int) -> dict[str, Any]:
         return {**dict(stage.args), "seed": self.config.seed, "epoch": epoch, "training": pass_ == "train",

@@ -245,7 +245,7 @@ def receive(server, pass_: str, epoch: int, task: str = "SC") -> np.ndarray:
     return asyncio.get_event_loop().run_until_complete(go())[1]
 
 
-def test_stale_correction_smooths_each_new_version_once_in_the_training_pass_only():
+def test_stale_correction_smooths_stale_rows_folding_each_version_once_in_the_training_pass_only():
     gamma = 0.9
     server = stand_in(None, None, stale_correction=True, stale_gamma=gamma)
     server.peers = {1: None}
@@ -260,10 +260,9 @@ def test_stale_correction_smooths_each_new_version_once_in_the_training_pass_onl
                 server.inbox[("train", task, "H")][1] = (epoch, rows)
                 server.inbox[("eval", task, "H")][1] = (epoch, rows)
                 oracle = rows.astype(np.float64) if oracle is None else gamma * oracle + (1 - gamma) * rows
-                # read twice, fresh and then stale by the next epoch: folded in once
-                for reader in (epoch, epoch + 1):
-                    np.testing.assert_allclose(receive(server, "train", reader, task), oracle, rtol=1e-5,
-                                               atol=1e-6)
+                # read twice, fresh (as received) and then stale by the next epoch (the average): folded in once
+                np.testing.assert_array_equal(receive(server, "train", epoch, task), rows)
+                np.testing.assert_allclose(receive(server, "train", epoch + 1, task), oracle, rtol=1e-5, atol=1e-6)
                 np.testing.assert_array_equal(receive(server, "eval", epoch + 1, task), rows)  # as received
         assert server.counters["stale_corrections"] == 2 * 3  # per buffer and peer, every version after the first
         server.config.stale_correction = False
