@@ -42,9 +42,9 @@ def _server(model: str, **config):
 
     state = SimpleNamespace(rows=rows, compute=lambda model, *args: model.compute(*args))
     config = SimpleNamespace(task_timeout_s=5.0, relaunch_min_s=5.0, relaunch_ratio=3.0, fallback_after=1,
-                             intervals=1)
+                             intervals=1, layers=2, staleness=0)
     server = SimpleNamespace(part_id=0, spec=spec, plan=get_model(model).build_plan(spec), config=config,
-                             state=state, ps=ParamServer(), write_result=lambda key, r: written.update({key: r}))
+                             state=state, ps=ParamServer(), scheduler=None, write_result=lambda key, r: written.update({key: r}))
     return server, weights, buffers, written, pulls
 
 
