@@ -87,8 +87,10 @@ MODEL_RECIPES = {
 # Sync's test accuracy after 200 epochs (seed 0, 2 graph servers, cpu), at least: the Planetoid
 # figure unless named. Seen 2026-11-25: GCN 82.1% (async S=0 the same); GIN 77.9% with its recipe
 # (async S=0 77.9%, S=1 74.8%; with no weight decay 75.8, 75.8 and 75.9%): sum aggregation is not
-# Cora's best inductive bias.
-SYNC_FLOOR = {"gin": 0.77}
+# Cora's best inductive bias. GIN's training loss reaches 0.01 by epoch 200, where float32
+# round-off of the CPU's kernels decides the last points: on an AMD EPYC (2026-11-28) the
+# single-process reference ended at 76.4% and sync at 75.5%, so its floor is 74%.
+SYNC_FLOOR = {"gin": 0.74}
 
 
 @pytest.mark.slow
