@@ -51,7 +51,7 @@ class DistributedTrainer:
         self.finished = [0] * len(cluster.servers)           # last epoch each graph server reported
         self.before = cluster.emulator_stats()
         self.pricing = Pricing.of_run(config, cluster.store.num_parts)
-        self.since_epoch = 1  # the parameter server's counts (grad_counts) start here
+        self.since_epoch = 1  # the parameter server's counts (ps_counts) start here
         # Called once per graph server and notice with (part, the notice's words), from step().
         self.on_interruption = lambda part, notice: None
         self.notices: set[tuple[int, str]] = set()
@@ -155,18 +155,14 @@ class DistributedTrainer:
                             for k in ("bytes_functions", "bytes_ghosts", "bytes_params")}
         return metrics
 
-    def grad_counts(self) -> dict[str, int]:
-        """Gradient pushes the parameter server applied and dropped (duplicates), run totals."""
+    def ps_counts(self) -> dict[str, Any]:
+        """The run's totals from the parameter server, for ``summary.json``: ``gradients`` (pushes
+        applied and dropped as duplicates) and ``weight_pulls`` (pulls answered)."""
         reply, _ = self.cluster.ps_request(Header(Op.STATS))
-        counts = {"applied": int(reply.meta["applied"]), "dropped": int(reply.meta["dropped"])}
+        gradients = {"applied": int(reply.meta["applied"]), "dropped": int(reply.meta["dropped"])}
         if self.since_epoch > 1:  # a recovered run: the counts of the parameter server started then
-            counts["since_epoch"] = self.since_epoch
-        return counts
-
-    def weight_pulls(self) -> int:
-        """Weight pulls the parameter server answered (since it started)."""
-        reply, _ = self.cluster.ps_request(Header(Op.STATS))
-        return int(reply.meta["pulls"])
+            gradients["since_epoch"] = self.since_epoch
+        return {"gradients": gradients, "weight_pulls": int(reply.meta["pulls"])}
 
     def _cost(self, before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
         """The epoch's function bill (the emulator's counters since the last epoch) and its

@@ -506,8 +506,7 @@ def _train(config: TrainConfig, trainer, run: RunDir, identity: dict[str, str | 
     summary["pricing"] = trainer.pricing.to_dict()
     if getattr(trainer, "can_recover", False):
         summary["recoveries"] = recoveries
-    if hasattr(trainer, "grad_counts"):  # every gradient applied exactly once, duplicates dropped
-        summary["gradients"] = trainer.grad_counts()
-        summary["weight_pulls"] = trainer.weight_pulls()
+    if hasattr(trainer, "ps_counts"):  # every gradient applied exactly once, duplicates dropped
+        summary.update(trainer.ps_counts())
     run.write_summary(summary)
     return summary

@@ -35,7 +35,7 @@ class CpuBackend(LimitedBackend):
         # (dorylus.paramserver), so a key's later stages (GCN: BIAS and AV_BWD after AV) need no
         # round trip. Versions are immutable, so sharing the arrays is safe. Bounded, oldest
         # dropped first: a key dropped too soon is pulled again, never wrong.
-        self.pinned: collections.OrderedDict[tuple, tuple[list, dict, Any]] = collections.OrderedDict()
+        self.pinned: collections.OrderedDict[tuple, tuple[dict, dict[str, Any]]] = collections.OrderedDict()
         self.pinned_for = None  # the scheduler (one per ``train`` command) the keys were pulled for
         self.pinned_max = server.config.intervals * server.config.layers * (server.config.staleness + 2)
 
@@ -79,17 +79,18 @@ class CpuBackend(LimitedBackend):
             self.pinned_for = server.scheduler
         key = (layer, epoch, interval)
         if wanted in ("pin", "stash") and key in self.pinned:
-            names, tensors, meta = self.pinned[key]
-            return dict(zip(names, tensors)), dict(meta)
+            params, meta = self.pinned[key]
+            return dict(params), dict(meta)
         reply, tensors = await server.ps.request(Header(
             Op.PULL_WEIGHTS, layer=layer, epoch=epoch, interval=interval, part=server.part_id,
             meta={"weights": wanted}), timeout=server.config.task_timeout_s)
+        params = dict(zip(reply.names, tensors))
         meta = {"version": reply.version, "weight_lag": int(reply.meta.get("newest", reply.version)) - reply.version}
         if wanted == "pin":
-            self.pinned[key] = (reply.names, tensors, meta)
+            self.pinned[key] = (params, meta)
             while len(self.pinned) > self.pinned_max:
                 self.pinned.popitem(last=False)
-        return dict(zip(reply.names, tensors)), dict(meta)
+        return dict(params), dict(meta)
 
     def take_stats(self) -> dict[str, Any]:
         stats = {"invocations": self.calls, **self.limiter.take_stats()}
