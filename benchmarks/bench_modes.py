@@ -39,7 +39,7 @@ one step, training pass **and** the evaluation forward pass, in every mode alike
     python benchmarks/bench_modes.py --dataset ../shared/data/cora.npz --epochs 100 --no-aws-like
     python benchmarks/bench_modes.py --dataset synthetic-1m --modes sync,async1c --epochs 300 --seed 0 --seed 1
 
-With several ``--seed``\ s (each a partition, initialisation and dropout of its own) every seed
+With several ``--seed`` options (each a partition, initialisation and dropout of its own) every seed
 runs every mode and prints its table; the goal is then judged on the means over the seeds
 (speedup, and the difference from sync's final test accuracy, seed by seed), and each seed's
 difference is printed beside it, so that one seed's luck does not decide a one-point goal.

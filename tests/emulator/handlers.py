@@ -75,8 +75,15 @@ def big(event, context):
 
 
 def touch(event, context):
-    """Create ``event["marker"]``: evidence that the call ran."""
-    Path(event["marker"]).write_text(context.aws_request_id)
+    """Create ``event["marker"]``: evidence that the call ran.
+
+    Written beside and renamed into place so that a test polling for the file never reads it
+    created but still empty.
+    """
+    marker = Path(event["marker"])
+    partial = marker.with_name(marker.name + ".partial")
+    partial.write_text(context.aws_request_id)
+    partial.replace(marker)
     return None
 
 
