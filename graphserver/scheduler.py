@@ -8,7 +8,9 @@ epoch: the training pass, then (when due) the evaluation pass. Stages meet where
   out, the peers' rows come in, at most as old as the mode allows), then each interval gathers
   its own rows.
 * ``GATHER_BACKWARD`` runs once for the partition when all intervals arrived, including the
-  backward Scatter (ghost-row contributions go to their owners and are summed in peer order).
+  backward Scatter (ghost-row contributions go to their owners and are summed in peer order);
+  one that the state pulls (``state.pulls(stage)``: symmetric, on an undirected graph) runs as
+  a ``GATHER`` of its input instead.
 * ``FUNCTION`` stages go to the backend, one call per interval, in priority order (older epoch,
   then stage order: forward layers up, backward layers down, then interval); ``VERTEX`` stages
   run in the graph server's threads.
@@ -26,7 +28,7 @@ failures by kind, fallbacks) waits for the coordinator's next ``progress`` poll.
 
 What the scheduler uses of its graph server (:class:`graphserver.server.GraphServer`; the unit
 tests drive it with a stand-in): ``plan``, ``mode``, ``backend`` (:mod:`graphserver.backends`),
-``config.functions``, ``state.intervals``; ``event(stage, pass, epoch, interval)`` (a call's
+``config.functions``, ``state.intervals``, ``state.pulls(stage)``; ``event(stage, pass, epoch, interval)`` (a call's
 payload); the coroutines ``gather``/``vertex(stage, pass, epoch, interval)``,
 ``scatter(stage, pass, epoch, oldest)`` and ``gather_backward(stage, pass, epoch, oldest)``
 (each Scatter returns the ages in epochs of the peer rows it used) and ``wait_version(v)``
@@ -169,7 +171,7 @@ class Scheduler:
         await self._version_at_least(mode.oldest_weights(epoch, pass_))
         for k, stage in enumerate(stages):
             start = time.perf_counter()
-            if stage.kind == GATHER:
+            if stage.kind == GATHER or server.state.pulls(stage):
                 await self._meet((pass_, epoch, k), lambda: self._scatter(server.scatter, stage, pass_, epoch))
                 await server.gather(stage, pass_, epoch, i)
             elif stage.kind == GATHER_BACKWARD:

@@ -77,7 +77,7 @@ def build_plan(spec: ModelSpec) -> Plan:
             else:
                 widths[f"Y{l}"] = layer.out_dim
                 forward.append(Stage(FUNCTION, "BIAS", l, (f"G{l}",), (f"Y{l}",), PIN))
-            backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",)),
+            backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",), symmetric=True),
                             Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"), grad_src, STASH,
                                   grad=True, args=args)]
         else:
@@ -95,7 +95,7 @@ def build_plan(spec: ModelSpec) -> Plan:
                 own_backward = [Stage(FUNCTION, "AV_BWD", l, (f"Z{l}", f"dY{l}"), grad_z, STASH, grad=True,
                                       args=args)]
             if l > 0:
-                own_backward += [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dZ{l}",), (f"dH{l}",)),
+                own_backward += [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dZ{l}",), (f"dH{l}",), symmetric=True),
                                  Stage(VERTEX, "PREP_BWD", l, (f"dH{l}", src, "ids"), grad_src, args=args)]
             backward[:0] = own_backward
     return Plan.of(forward, backward, widths)

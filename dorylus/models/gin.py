@@ -104,7 +104,7 @@ def build_plan(spec: ModelSpec) -> Plan:
             own_backward = [Stage(FUNCTION, "MLP_BWD", l, (f"G{l}", f"P{l}", f"dY{l}"), (f"dZ{l}",), STASH,
                                   args=args)]
         backward[:0] = own_backward + [
-            Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dZ{l}",), (f"dQ{l}",)),
+            Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dZ{l}",), (f"dQ{l}",), symmetric=True),
             Stage(FUNCTION, "AV_BWD", l, (f"dQ{l}", f"G{l}", f"P{l}", f"dY{l}", src, "ids"),
                   () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
     return Plan.of(forward, backward, widths)

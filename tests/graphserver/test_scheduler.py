@@ -103,7 +103,7 @@ class FakeServer:
         self.cluster, self.part_id = cluster, part
         self.plan, self.mode = PLAN, mode
         self.config = SimpleNamespace(functions=intervals)
-        self.state = SimpleNamespace(intervals=[(i, i + 1) for i in range(intervals)])
+        self.state = SimpleNamespace(intervals=[(i, i + 1) for i in range(intervals)], pulls=lambda stage: False)
         self.backend = FakeBackend(cluster, part)
         self.min_epoch = 0
         self.gate_changed = asyncio.Event()

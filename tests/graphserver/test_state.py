@@ -1,9 +1,12 @@
 """PartitionState: the plan's buffers, per-interval Gather, its backward, and the static inputs."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from dorylus.config import TrainConfig
+from dorylus.models import get_model
 from dorylus.models.base import GATHER, GATHER_BACKWARD, STATIC
 from dorylus.models.gcn import build_plan
 from dorylus.models.ops import TEST, TRAIN, VAL
@@ -111,6 +114,9 @@ def test_buffers_are_exactly_the_plans_names(store, config):
         assert set(state.static) == set(STATIC)
         ghosted = {s.reads[0] for s in (*plan.train, *plan.evaluate) if s.kind == GATHER}
         assert ghosted == plan.ghosted and ghosted <= expected
+        # a backward Gather run as a Gather (symmetric, on this undirected store) reads ghost rows too
+        assert part.undirected
+        ghosted |= {s.reads[0] for s in plan.train if s.kind == GATHER_BACKWARD and s.symmetric}
         for name, buf in state.buffers.items():
             rows = part.n_local if name in ghosted else part.n_owned
             assert buf.shape == (rows, plan.widths[name]), name
@@ -237,9 +243,62 @@ def test_gather_backward_sums_to_the_global_transpose(store, dense_adjacency):
     for p in range(NUM_PARTS):
         part = store.load_part(p)
         state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
-        state.buffers["dY0"][:] = grad[part.owned]
+        state.buffers["dY0"][: part.n_owned] = grad[part.owned]
         np.add.at(total, part.global_ids(), _gather_backward(state, "dY0"))
     np.testing.assert_allclose(total, dense_adjacency.T @ grad, rtol=1e-5, atol=1e-5)
+
+
+def _spec(model: str) -> ModelSpec:
+    return ModelSpec.from_config(TrainConfig(model=model, hidden=8, layers=2), NUM_FEATURES, NUM_CLASSES)
+
+
+@pytest.mark.parametrize("model", ["gcn", "gin"])
+def test_a_pulled_backward_gather_is_the_global_transpose_on_owned_rows(store, model):
+    """A symmetric backward Gather on an undirected part: with its input's ghost rows filled as
+    the Scatter fills them (the owners' rows), ``gather`` of each interval gives ``M^T · g`` on
+    the owned rows, against the dense global matrix (float64) as the oracle."""
+    module = get_model(model)
+    plan = module.build_plan(_spec(model))
+    stages = [s for s in plan.train if s.kind == GATHER_BACKWARD]
+    assert stages and all(s.symmetric for s in stages)
+    full = store.load_part(0)
+    n = store.meta.num_nodes
+    m = np.zeros((n, n))  # M: A_hat (gcn) or A + I (gin), from the parts' own rows
+    for p in range(NUM_PARTS):
+        part = store.load_part(p)
+        ids = part.global_ids()
+        for r in range(part.n_owned):
+            cols = part.indices[part.indptr[r]:part.indptr[r + 1]]
+            m[ids[r], ids[cols]] = part.norm[r] * part.norm[cols] if model == "gcn" else 1.0
+    assert full.undirected and np.array_equal(m, m.T)
+    rng = np.random.default_rng(11)
+    for stage in stages:
+        name, out = stage.reads[0], stage.writes[0]
+        grad = rng.standard_normal((n, plan.widths[name])).astype(np.float32)
+        expected = m.T @ grad.astype(np.float64)
+        for p in range(NUM_PARTS):
+            part = store.load_part(p)
+            state = PartitionState(part, plan, row_normalize_features=False, num_intervals=3)
+            assert state.pulls(stage)
+            state.buffers[name][:] = grad[part.global_ids()]  # owned rows, and ghost rows as Scatter fills them
+            for i in range(len(state.intervals)):
+                state.gather(module, stage, i, {})
+            np.testing.assert_allclose(state.buffers[out], expected[part.owned], rtol=1e-5, atol=1e-5)
+
+
+def test_only_symmetric_backward_gathers_on_undirected_parts_are_pulled(store):
+    part = store.load_part(0)
+    for model, pulled in (("gcn", True), ("gin", True), ("sage", False), ("gat", False)):
+        plan = get_model(model).build_plan(_spec(model))
+        stages = [s for s in plan.train if s.kind == GATHER_BACKWARD]
+        state = PartitionState(part, plan, row_normalize_features=False, num_intervals=2)
+        assert [state.pulls(s) for s in stages] == [pulled] * len(stages), model
+        directed = PartitionState(dataclasses.replace(part, undirected=False), plan, row_normalize_features=False,
+                                  num_intervals=2)
+        assert not any(directed.pulls(s) for s in stages)
+        for s in stages:  # the push path's input holds the owned rows only
+            assert directed.buffers[s.reads[0]].shape[0] == (part.n_local if s.reads[0] in plan.ghosted
+                                                             else part.n_owned)
 
 
 # ----------------------------------------------------------------------------- static inputs
