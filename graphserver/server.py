@@ -541,7 +541,7 @@ class GraphServer:
         if peer in slot and slot[peer][0] >= header.epoch:
             self.counters["duplicate_ghosts"] += 1
             return
-        slot[peer] = (header.epoch, rows.copy())
+        slot[peer] = (header.epoch, rows)  # a read-only view of the frame: read, never written
         self.inbox_changed.set()
 
     async def send_ghosts(self, task: str, pass_: str, epoch: int, layer: int, name: str,

@@ -156,7 +156,7 @@ class PartitionState:
         self.static_rows_per_pull = (None if isinstance(features, SparseRows)
                                      else max(1, STATIC_PULL_BYTES // max(1, dense_row_bytes)))
         used = {name for stage in (*plan.train, *plan.evaluate) for name in (*stage.reads, *stage.writes)}
-        ghosted = plan.ghosted | {stage.reads[0] for stage in plan.train if self.pulls(stage)}
+        ghosted = plan.ghosted_on(part.undirected)
         self.buffers = {name: np.zeros((n_local if name in ghosted else n_owned, plan.widths[name]), np.float32)
                         for name in sorted(used - set(STATIC))}
         self.memory = memory_figures(part, self.static["X"], self.buffers)

@@ -125,6 +125,12 @@ class Plan:
         """Buffers Gather reads: they have ghost rows after the owned ones."""
         return frozenset(name for s in (*self.train, *self.evaluate) if s.kind == GATHER for name in s.reads)
 
+    def ghosted_on(self, undirected: bool) -> frozenset[str]:
+        """:attr:`ghosted`, and on a part of an undirected graph the inputs of the ``symmetric``
+        backward Gathers, which run as Gathers there."""
+        pulled = {s.reads[0] for s in self.train if undirected and s.kind == GATHER_BACKWARD and s.symmetric}
+        return self.ghosted | pulled
+
     def ghost_columns(self, training: bool) -> int:
         """Float32 columns one ghost row carries in one pass: every Gather's inputs (Scatter)
         plus every backward Gather's outputs (backward Scatter)."""

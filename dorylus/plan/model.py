@@ -328,6 +328,7 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
     labels_masks    int64 label, three bool masks and the uint8 split per owned row
     exchange        ghost ids and send lists (int64 per ghost and per sent row)
     buffers         every row buffer of the plan, float32, ghost rows for those Gather reads
+                    (and a backward Gather run as one: ``Plan.ghosted_on``)
     ==============  ======================================================================
 
     A backend on a GPU (the ``gpu`` backend's :class:`graphserver.backends.gpu_device.DeviceState`) holds:
@@ -339,7 +340,8 @@ def server_memory(shape: Shape, setup: Setup) -> dict[str, float]:
 
     _, plan = model_plan(shape, setup)
     n, local, m = shape.owned, shape.owned + shape.ghosts, shape.nnz
-    buffers = FLOAT * sum(width * (local if name in plan.ghosted else n) for name, width in plan.widths.items())
+    ghosted = plan.ghosted_on(undirected=True)  # the datasets' graphs are undirected (symmetrized)
+    buffers = FLOAT * sum(width * (local if name in ghosted else n) for name, width in plan.widths.items())
     if setup.runs.device == "gpu":
         forward, backward = vertex_dtype(local).itemsize, vertex_dtype(n).itemsize
         return {"matrix": m * (forward + FLOAT) + forward * (n + 1),
