@@ -1,7 +1,7 @@
 """Processes Dorylus starts locally: role processes end when the coordinator that started them
 is gone, so even a coordinator killed with SIGKILL leaves no orphans behind; and every local
 process (role or emulator sandbox) runs numpy's OpenBLAS with one thread (roles with two malloc
-arenas that reuse their memory rather than map and unmap it)."""
+arenas)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,6 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 # arenas cut a graph server's peak RSS by ~190 MB on an ogbn-products-sized graph (2 parts: 2.94
 # -> 2.75 GB and 2.55 -> 2.36 GB) at no measurable cost. The user's own setting wins.
 MALLOC_ARENAS = "MALLOC_ARENA_MAX"
-# glibc serves every allocation over 32 MB with its own mmap and unmaps it when freed, so each
-# ghost message (ZeroMQ allocates a received message whole: 67 MB a peer on an ogbn-products-
-# sized part) and each interval-sized array arrives in fresh pages that the kernel faults in
-# and zeroes. Heap memory instead (no mmap, the heap's top kept up to 1 GiB) is reused: on that
-# graph a lambda epoch's page faults fell 4x and the epoch from 4.8-5.1 s to 3.3-4.1 s; cpu 3%
-# less system time (2 parts, 2 cores; benchmarks/README.md, Scale). The user's own setting wins.
-MALLOC_REUSE = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 _environ_lock = threading.Lock()
 
 
@@ -110,40 +103,26 @@ def in_forked_child(work: Callable[[], None], what: str, keep_out: str | None = 
 
 
 def local_process_environment() -> dict[str, str]:
-    """The environment for a role started locally: this one's, with one OpenBLAS thread, two
-    malloc arenas and heap reuse (:data:`MALLOC_REUSE`) where the user set none of them."""
-    defaults = {BLAS_THREADS: "1", MALLOC_ARENAS: "2", **MALLOC_REUSE}
-    return {**defaults, **os.environ}
+    """The environment for a role started locally: this one's, with one OpenBLAS thread and two
+    malloc arenas unless the user set :data:`BLAS_THREADS` or :data:`MALLOC_ARENAS`."""
+    return {**os.environ, BLAS_THREADS: os.environ.get(BLAS_THREADS, "1"),
+            MALLOC_ARENAS: os.environ.get(MALLOC_ARENAS, "2")}
 
 
 @contextlib.contextmanager
-def local_settings_for_children() -> Iterator[None]:
+def one_blas_thread_for_children() -> Iterator[None]:
     """Within the block, processes started without an explicit environment (multiprocessing's
-    'spawn' offers none: the emulator's workers) get one OpenBLAS thread and heap reuse
-    (:data:`MALLOC_REUSE`) where the user set neither; this process's environment is restored
-    afterwards."""
+    'spawn' offers none) get one OpenBLAS thread unless the user set :data:`BLAS_THREADS`;
+    this process's environment is restored afterwards."""
     with _environ_lock:
-        added = {k: v for k, v in {BLAS_THREADS: "1", **MALLOC_REUSE}.items() if k not in os.environ}
-        os.environ.update(added)
+        if BLAS_THREADS in os.environ:
+            yield
+            return
+        os.environ[BLAS_THREADS] = "1"
         try:
             yield
         finally:
-            for k in added:
-                del os.environ[k]
-
-
-def reuse_heap_memory() -> None:
-    """:data:`MALLOC_REUSE` for this process, already running (glibc's ``mallopt``; elsewhere
-    nothing), unless the user set it: for a coordinator that hosts the Lambda emulator, whose
-    server receives every call's rows."""
-    if any(k in os.environ for k in MALLOC_REUSE):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-        libc.mallopt(-4, 0)  # M_MMAP_MAX
-    except (OSError, AttributeError):  # not glibc
-        pass
+            del os.environ[BLAS_THREADS]
 
 
 def stop_with_parent(stop: Callable[[], None], parent: int | None = None, interval_s: float = 1.0) -> threading.Event:

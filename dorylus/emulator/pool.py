@@ -35,7 +35,7 @@ from typing import Any
 
 from dorylus.emulator.worker import worker_main
 from dorylus.errors import DorylusError
-from dorylus.lifecycle import local_settings_for_children
+from dorylus.lifecycle import one_blas_thread_for_children
 
 logger = logging.getLogger("dorylus.emulator")
 
@@ -60,7 +60,7 @@ class _Worker:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=worker_main, args=(child, code_dirs), name=name,
                                    daemon=True)
-        with local_settings_for_children():
+        with one_blas_thread_for_children():
             self.process.start()
         child.close()
         self.ready = False

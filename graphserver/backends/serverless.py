@@ -184,10 +184,8 @@ class LambdaBackend(LimitedBackend):
         from dorylus.emulator import serve
         from dorylus.emulator.faults import FaultPlan
         from dorylus.function import FUNCTION_NAME
-        from dorylus.lifecycle import reuse_heap_memory
 
         c = config
-        reuse_heap_memory()  # the emulator's server receives every call's rows in this process
         emulator = serve(functions={FUNCTION_NAME: c.function_handler}, concurrency=emulator_workers(c, parts),
                          memory_mb=c.lambda_memory_mb, timeout_s=c.task_timeout_s, physics=emulator_physics(c),
                          faults=FaultPlan(raise_fraction=c.fault_raise, crash_fraction=c.fault_crash,
