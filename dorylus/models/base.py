@@ -133,7 +133,8 @@ class Plan:
 
     def ghost_columns(self, training: bool) -> int:
         """Float32 columns one ghost row carries in one pass: every Gather's inputs (Scatter)
-        plus every backward Gather's outputs (backward Scatter)."""
+        plus every backward Gather's outputs (backward Scatter; one run as a Gather sends its
+        input instead, of the same width)."""
         stages = self.train if training else self.evaluate
         return (sum(self.widths[name] for s in stages if s.kind == GATHER for name in s.reads)
                 + sum(self.widths[name] for s in stages if s.kind == GATHER_BACKWARD for name in s.writes))
