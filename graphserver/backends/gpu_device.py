@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import warnings
 
 import numpy as np
 import torch
@@ -365,7 +366,9 @@ class DeviceState(PartitionState):
         in pinned memory and copied on the copy stream, so the host does not wait for the work
         already queued and the copy overlaps it; the compute stream waits for the copy only."""
         if self.cuda is None:
-            return torch.from_numpy(rows).to(self.device)
+            with warnings.catch_warnings():  # received ghost rows are read-only frames; only read here
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                return torch.from_numpy(rows).to(self.device)
         staged = self.cuda.pinned(rows.shape, torch.float32)
         staged.numpy()[...] = rows
         with self.cuda.on(self.cuda.copy_stream):

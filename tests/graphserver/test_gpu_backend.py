@@ -15,6 +15,8 @@ import concurrent.futures
 import contextlib
 import threading
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -559,3 +561,29 @@ def test_worker_threads_compute_on_the_configured_device(store):
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         assert pool.submit(run).result() == 1
+
+
+def test_received_ghost_rows_are_read_only_frames_and_are_only_read(store):
+    """The graph server keeps a received frame's rows as they came (read-only, no copy): the
+    device state takes them as ghost rows and as peer contributions without a warning, without
+    writing them, and with the host state's result."""
+    config = TrainConfig(hidden=4)
+    plan, host, state = _states(store, 0, config, "cpu")
+    name = sorted(plan.ghosted)[0]
+    peer = next(p for p in range(store.meta.num_parts) if p != 0 and len(host.part.send_rows(p)))
+    rng = np.random.default_rng(5)
+    n_ghost = len(range(*host.part.ghost_rows(peer).indices(host.part.n_local)))
+    rows = rng.standard_normal((n_ghost, plan.widths[name])).astype(np.float32)
+    contribution = rng.standard_normal((len(host.part.send_rows(peer)), plan.widths[name])).astype(np.float32)
+    for array in (rows, contribution):
+        array.flags.writeable = False
+    before = (rows.copy(), contribution.copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state.set_ghost_rows(name, peer, rows)
+        state.add_peer_contribution(name, peer, contribution)
+    host.set_ghost_rows(name, peer, rows)
+    host.add_peer_contribution(name, peer, contribution)
+    np.testing.assert_allclose(state.buffers[name].numpy(), host.buffers[name], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(rows, before[0])
+    np.testing.assert_array_equal(contribution, before[1])
