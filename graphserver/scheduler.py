@@ -28,8 +28,8 @@ failures by kind, fallbacks) waits for the coordinator's next ``progress`` poll.
 
 What the scheduler uses of its graph server (:class:`graphserver.server.GraphServer`; the unit
 tests drive it with a stand-in): ``plan``, ``mode``, ``backend`` (:mod:`graphserver.backends`),
-``config.functions``, ``state.intervals``, ``state.pulls(stage)``; ``event(stage, pass, epoch, interval)`` (a call's
-payload); the coroutines ``gather``/``vertex(stage, pass, epoch, interval)``,
+``config.functions``, ``state.intervals``, ``state.pulls(stage)``; ``event(stage, pass, epoch,
+interval)`` (a call's payload); the coroutines ``gather``/``vertex(stage, pass, epoch, interval)``,
 ``scatter(stage, pass, epoch, oldest)`` and ``gather_backward(stage, pass, epoch, oldest)``
 (each Scatter returns the ages in epochs of the peer rows it used) and ``wait_version(v)``
 (returns the newest version, at least ``v``); ``min_epoch`` with the event ``gate_changed`` set
