@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from dorylus.data.loaders import file_backed, read_row_range, row_blocks
-from dorylus.models.base import GATHER_BACKWARD, STATIC, Plan, Result, Stage
+from dorylus.models.base import STATIC, Plan, Result, Stage
 from dorylus.models.graph import CsrGraph
 from dorylus.models.ops import encode_split
 from dorylus.models.sparse import SparseRows, in_layout, use_sparse
@@ -205,7 +205,7 @@ class PartitionState:
         """``stage`` is a backward Gather that runs as a Gather here (a ``symmetric`` one on a part
         of an undirected graph, :mod:`dorylus.models.base`): Scatter of its input, then
         :meth:`gather` per interval, and no backward Scatter."""
-        return stage.kind == GATHER_BACKWARD and stage.symmetric and self.part.undirected
+        return stage.pulled_on(self.part.undirected)
 
     def gather_backward(self, model, stage: Stage, args: dict) -> list[np.ndarray]:
         """The stage's gradients for every local row (ghost rows: contributions to the peers)."""

@@ -98,6 +98,11 @@ class Stage:
     def key(self) -> tuple[str, int]:
         return (self.task, self.layer)
 
+    def pulled_on(self, undirected: bool) -> bool:
+        """A ``symmetric`` backward Gather on a part of an undirected graph: it runs as a Gather
+        of its one input there (see the module docstring)."""
+        return undirected and self.kind == GATHER_BACKWARD and self.symmetric
+
     @property
     def backward(self) -> bool:
         return self.weights == STASH or self.kind == GATHER_BACKWARD or self.task.endswith("_BWD")
@@ -128,8 +133,7 @@ class Plan:
     def ghosted_on(self, undirected: bool) -> frozenset[str]:
         """:attr:`ghosted`, and on a part of an undirected graph the inputs of the ``symmetric``
         backward Gathers, which run as Gathers there."""
-        pulled = {s.reads[0] for s in self.train if undirected and s.kind == GATHER_BACKWARD and s.symmetric}
-        return self.ghosted | pulled
+        return self.ghosted | {s.reads[0] for s in self.train if s.pulled_on(undirected)}
 
     def ghost_columns(self, training: bool) -> int:
         """Float32 columns one ghost row carries in one pass: every Gather's inputs (Scatter)
