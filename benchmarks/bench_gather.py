@@ -32,9 +32,9 @@ Roofline (``--roofline``, default ``2400000x16,300000x128``: ``x`` of 154 MB eac
 32 MB L3 here): a synthetic graph of ``N`` vertices and about ``--roofline-degree`` in-edges each,
 90% to vertices within +-1000 positions of a ring and 10% uniform (a graph with locality that a
 random vertex order hides), symmetric, with self loops, ``A_hat`` as above. It is timed in each of
-``--orders`` (default ``random,bfs,rcm``): a random vertex order (what the store's ``none`` keeps of
-randomly numbered vertices), and the store's ``bfs`` and ``rcm`` (reverse Cuthill-McKee) orders of
-it, each computed by ``dorylus.partition.store.locality_order`` on the loop-free structure as the
+``--orders`` (default ``random,bfs,rcm,community``): a random vertex order (what the store's ``none``
+keeps of randomly numbered vertices), and the store's ``bfs``, ``rcm`` (reverse Cuthill-McKee) and
+``community`` (label-propagation communities, each in reverse Cuthill-McKee order) orders of it, each computed by ``dorylus.partition.store.locality_order`` on the loop-free structure as the
 store computes a part's (its compute time is printed), against the probe
 ``kernels.row_read_probe``: ``nnz`` reads of uniformly random rows of the same ``x`` ``[N, d]``
 in groups of the mean degree, with the same threads, prefetching and register blocking and
@@ -92,8 +92,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "torch.sparse.mm CSR"
 RELATIVE_TOLERANCE = 1e-5  # float32 sums of a few hundred terms, in different orders
 # Vertex orders of the roofline graphs: "random" is the graph as generated (randomly numbered,
-# what the store's "none" keeps); "bfs" and "rcm" are the store's orders of it.
-ROOFLINE_ORDERS = ("random", "bfs", "rcm")
+# what the store's "none" keeps); "bfs", "rcm" and "community" are the store's orders of it.
+ROOFLINE_ORDERS = ("random", "bfs", "rcm", "community")
 
 
 def kernels(csr: torch.Tensor, lean: "LeanCsr", push: "LeanCsr | None" = None) -> dict[str, Callable[[np.ndarray], Any]]:
@@ -272,7 +272,7 @@ def roofline_list(text: str) -> list[tuple[int, int]]:
 def ordered_graphs(src: np.ndarray, dst: np.ndarray, n: int,
                    orders: tuple[str, ...] = ROOFLINE_ORDERS) -> tuple[dict[str, LeanCsr], dict[str, float | None]]:
     """``A_hat`` of the symmetric graph ``(src, dst)`` in each of ``orders``, and the seconds each
-    order took to compute (``None`` for ``random``, the graph as given). ``bfs`` and ``rcm`` come
+    order took to compute (``None`` for ``random``, the graph as given). The others come
     from the store's :func:`dorylus.partition.store.locality_order`, on the structure without self
     loops, as the store orders a part's internal edges."""
     graphs: dict[str, LeanCsr] = {}

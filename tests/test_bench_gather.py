@@ -40,10 +40,10 @@ def test_every_order_is_built_from_the_stores_order(bench):
     n = 3000
     src, dst = ring(bench, n)
     graphs, seconds = bench.ordered_graphs(src, dst, n)
-    assert list(graphs) == ["random", "bfs", "rcm"]
-    assert seconds["random"] is None and seconds["bfs"] >= 0 and seconds["rcm"] >= 0
+    assert list(graphs) == ["random", "bfs", "rcm", "community"]
+    assert seconds["random"] is None and all(seconds[name] >= 0 for name in ("bfs", "rcm", "community"))
     indptr, indices = bench.csr_from_pairs(dst, src, n, n)  # no self loops, as the store orders
-    for name in ("bfs", "rcm"):
+    for name in ("bfs", "rcm", "community"):
         want = bench.ahat_lean(*bench.relabelled(src, dst, locality_order(indptr, indices, name)), n)
         np.testing.assert_array_equal(graphs[name].indptr, want.indptr)
         np.testing.assert_array_equal(graphs[name].indices, want.indices)
@@ -61,7 +61,7 @@ def test_every_order_is_built_from_the_stores_order(bench):
 def test_roofline_rows_name_each_order(bench):
     rows = bench.bench_roofline(2000, 16, 8, 0, 1, np.random.default_rng(0))
     gathers = {r["order"]: r for r in rows if r["kernel"].endswith(": kernels.gather")}
-    assert list(gathers) == ["random", "bfs", "rcm"]
+    assert list(gathers) == ["random", "bfs", "rcm", "community"]
     for name, r in gathers.items():
         assert r["fraction_of_probe"] > 0 and r["mean_abs_i_minus_j"] > 0
         assert (r["order_seconds"] is None) == (name == "random")

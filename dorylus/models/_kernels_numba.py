@@ -276,6 +276,43 @@ def cuthill_mckee(indptr, indices):
     return order
 
 
+@njit(cache=True, nogil=True)
+def label_propagation(indptr, indices, visit, rounds, settled):
+    """Community labels by asynchronous label propagation: every vertex starts with its own id;
+    each round visits the vertices in ``visit``'s order and gives each the label most frequent
+    among its neighbours (ties: the smallest), at once visible to the ones after it. Stops after
+    ``rounds`` rounds, or after a round that changed at most ``settled`` labels."""
+    n = indptr.shape[0] - 1
+    labels = np.arange(n)
+    max_degree = 0
+    for v in range(n):
+        max_degree = max(max_degree, indptr[v + 1] - indptr[v])
+    buf = np.empty(max_degree, np.int64)
+    for _ in range(rounds):
+        changed = 0
+        for v in visit:
+            m = 0
+            for k in range(indptr[v], indptr[v + 1]):
+                u = indices[k]
+                if u != v:
+                    buf[m] = labels[u]
+                    m += 1
+            if m == 0:
+                continue
+            run = np.sort(buf[:m])
+            best, best_count, count = run[0], 1, 1
+            for i in range(1, m):
+                count = count + 1 if run[i] == run[i - 1] else 1
+                if count > best_count:
+                    best, best_count = run[i], count
+            if best != labels[v]:
+                labels[v] = best
+                changed += 1
+        if changed <= settled:
+            break
+    return labels
+
+
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def scatter_kernel(indptr, indices, g, values, has_values, row_scale, has_row_scale, col_scale, has_col_scale,
                    bounds, out, distance, sorted_rows):

@@ -46,6 +46,10 @@ PREFETCH_DISTANCE = 16
 # dynamically, so that a thread slowed by another process's job does not hold up the call for long.
 _CHUNKS_PER_THREAD = 16
 
+# Label-propagation rounds of community_order: after five, fewer than 0.3% of the labels of an
+# ogbn-products-sized part still change (1.18M, 379K, 33K, 7.6K, 2.6K changes of 1.2M).
+COMMUNITY_ROUNDS = 5
+
 # Below this many stored entries x width a product runs on torch (see the module docstring):
 # synthetic-small's intervals (300K entries x 16) are below it, synthetic-1m's whole parts above.
 SMALL_WORK = 1 << 23
@@ -346,6 +350,37 @@ def locality_order(indptr: Any, indices: Any) -> np.ndarray:
     if n <= 0:
         return np.empty(0, np.int64)
     return _kernels().cuthill_mckee(indptr, indices)[::-1].copy()
+
+
+def community_order(indptr: Any, indices: Any, *, seed: int = 0, rounds: int = COMMUNITY_ROUNDS) -> np.ndarray:
+    r"""A community order of a square graph: ``perm`` int64 ``[N]`` as :func:`locality_order`'s,
+    with each community's vertices together, in reverse Cuthill-McKee order inside it.
+
+    Communities come from asynchronous label propagation (at most ``rounds`` rounds over the
+    vertices in one random order drawn from ``seed``, ties to the smallest label), read through
+    the stored entries as undirected; a community sits where its first member sits in the reverse
+    Cuthill-McKee order. The same graph and seed give the same order. Rows that one output row
+    reads then share cache lines more often than in a band order alone: on an ogbn-products-sized
+    part (1.2M owned vertices, 31M entries, 2,889 communities) a Gather took 0.204 s against
+    0.262 s in reverse Cuthill-McKee order and 0.328 s in a random one (one core). Visiting in
+    the band order instead lets one label flood 88% of the vertices, and the Gather gains nothing.
+    Cost: ``rounds`` passes of ``O(nnz log d_max)`` after the reverse Cuthill-McKee order (about
+    4 s a round on that part), ``O(N)`` extra memory.
+    """
+    band = locality_order(indptr, indices)
+    n = band.shape[0]
+    if n == 0:
+        return band
+    indptr = np.ascontiguousarray(indptr)
+    if indptr.dtype not in (np.int32, np.int64):
+        indptr = indptr.astype(np.int64)
+    visit = np.random.default_rng(seed).permutation(n)
+    labels = _kernels().label_propagation(indptr, _index_array(indices), visit, int(rounds), n // 1000)
+    position = np.empty(n, np.int64)
+    position[band] = np.arange(n)
+    first = np.full(n, n, np.int64)
+    np.minimum.at(first, labels, position)
+    return band[np.lexsort((position[band], first[labels[band]]))]
 
 
 def row_read_probe(x: Any, idx: Any, group: int = 16) -> np.ndarray:

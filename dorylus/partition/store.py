@@ -31,9 +31,10 @@ the float32 sum). Part ``i``'s send block for ``j`` lists, in the same order, th
 ``j``'s ghost block for ``i``: ghost exchange is a plain row copy.
 
 Vertex order (``meta.json`` ``"vertex_order"``): owned vertices are numbered for locality inside
-each part when the store is written: ``rcm`` (reverse Cuthill-McKee on the part's internal
-edges, the default), ``bfs`` (breadth-first from a least-degree vertex) or ``none`` (ascending
-global id). Ghosts follow the rows that read them. Every result leaves the graph servers keyed by
+each part when the store is written, from the part's internal edges: ``community`` (the default:
+label-propagation communities, each in reverse Cuthill-McKee order, seeded by the store's seed),
+``rcm`` (reverse Cuthill-McKee alone), ``bfs`` (breadth-first from a least-degree vertex) or
+``none`` (ascending global id). Ghosts follow the rows that read them. Every result leaves the graph servers keyed by
 global id (the ``ids`` input), so training does not depend on the order.
 
 Features are stored sparse when :func:`dorylus.models.sparse.use_sparse` says so for the
@@ -74,7 +75,7 @@ from dorylus.runs import check_creatable_dir
 FORMAT_VERSION = 3
 READ_VERSIONS = (3,)
 NORMALIZATION = "gcn-sym-selfloop"
-VERTEX_ORDERS = ("rcm", "bfs", "none")
+VERTEX_ORDERS = ("community", "rcm", "bfs", "none")
 META_FILE = "meta.json"
 # The files of a part: these, and the features' files of its layout.
 GRAPH_FILES = (
@@ -439,11 +440,13 @@ def check_store_target(out: Path, overwrite: bool) -> None:
 # ----------------------------------------------------------------------------- vertex order
 
 
-def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str) -> np.ndarray:
+def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str, seed: int = 0) -> np.ndarray:
     """``int64 [n]``: a numbering of the ``n`` rows of a graph's CSR (``indices`` in ``[0, n)``,
     no self loops, read as undirected) such that neighbours get near numbers: ``order[k]`` is
     the vertex numbered ``k``.
 
+    ``community``: communities found by label propagation (random visits drawn from ``seed``),
+    each in reverse Cuthill-McKee order (:func:`dorylus.models.kernels.community_order`).
     ``rcm``: reverse Cuthill-McKee (:func:`dorylus.models.kernels.locality_order`). ``bfs``:
     breadth-first, level by level (a few numpy passes per level), each component from a
     least-degree vertex, a level's vertices in the order of their first parent, then by id;
@@ -452,9 +455,11 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, method: str) -> np.n
     n = int(indptr.shape[0] - 1)
     if method == "none" or n == 0:
         return np.arange(n, dtype=np.int64)
-    if method == "rcm":
+    if method in ("community", "rcm"):
         from dorylus.models import kernels
 
+        if method == "community":
+            return kernels.community_order(indptr, indices, seed=seed)
         return kernels.locality_order(indptr, indices)
     if method != "bfs":
         raise ConfigError(f"vertex_order must be one of {', '.join(VERTEX_ORDERS)}, got {method!r}")
@@ -509,14 +514,14 @@ class StoreWriter:
         num_parts, num_nodes, num_features, num_classes: ``P``, ``N``, ``F``, ``C``.
         dataset_name, directed, method, seed: recorded in ``meta.json``.
         sparse_features: ``auto`` (a part's features as CSR when under 10% non-zero), ``on``, ``off``.
-        vertex_order: ``rcm``, ``bfs`` or ``none`` (:func:`locality_order` of each part's owned vertices).
+        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none`` (:func:`locality_order` of each part's owned vertices).
         num_edges: recorded as ``num_edges`` (default: the in-edges written, self loops excluded).
         progress: called with one line per part.
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, num_parts: int, num_nodes: int, num_features: int,
                  num_classes: int, dataset_name: str, directed: bool, method: str, seed: int,
-                 overwrite: bool = False, sparse_features: str = "auto", vertex_order: str = "rcm",
+                 overwrite: bool = False, sparse_features: str = "auto", vertex_order: str = "community",
                  num_edges: int | None = None, progress: Callable[[str], None] | None = None):
         if sparse_features not in SPARSE_MODES:
             raise ConfigError(f"sparse_features must be one of {', '.join(SPARSE_MODES)}, got {sparse_features!r}")
@@ -613,7 +618,7 @@ class StoreWriter:
         keys.sort()
         inner_indptr = np.searchsorted(keys, np.arange(n_own + 1, dtype=np.int64) * n_own)
         np.remainder(keys, n_own, out=keys)
-        order = locality_order(inner_indptr, keys, self.vertex_order)
+        order = locality_order(inner_indptr, keys, self.vertex_order, self.seed)
         del keys, inner_indptr
         owned = owned[order]
         local_of[owned] = np.arange(n_own)
@@ -747,7 +752,7 @@ def write_store(
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
     sparse_features: str = "auto",
-    vertex_order: str = "rcm",
+    vertex_order: str = "community",
 ) -> StoreMeta:
     """Write ``dataset`` split by ``parts`` as a partition store at ``out_dir`` (atomically),
     one part at a time through :class:`StoreWriter`.
@@ -764,7 +769,7 @@ def write_store(
         progress: called with one human-readable line per step.
         sparse_features: ``auto`` (CSR when under 10% of the whole matrix is non-zero), ``on``
             (CSR) or ``off`` (dense): the layout of every part's features.
-        vertex_order: ``rcm``, ``bfs`` or ``none``: the numbering of each part's vertices.
+        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none``: the numbering of each part's vertices.
 
     Returns:
         The :class:`StoreMeta` written to ``meta.json``.

@@ -493,6 +493,37 @@ def test_locality_order_components_and_edge_cases():
     assert sorted(perm.tolist()) == list(range(6))
 
 
+def planted_communities(sizes: list[int], p_in: float, p_out: float, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A symmetric random graph (no self loops) of communities of ``sizes``, edge probability
+    ``p_in`` inside one and ``p_out`` across, vertices numbered at random; -> (indptr, indices,
+    community of each vertex)."""
+    n = sum(sizes)
+    truth = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    upper = np.triu(rng.random((n, n)) < np.where(truth[:, None] == truth[None, :], p_in, p_out), 1)
+    rows, cols = np.nonzero(upper | upper.T)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    return indptr, cols.astype(np.int32), truth
+
+
+def test_community_order_keeps_each_planted_community_together_where_a_band_order_does_not():
+    rng = np.random.default_rng(11)
+    indptr, indices, truth = planted_communities([60, 50, 40, 30], 0.3, 0.02, rng)
+    switches = lambda perm: int(np.count_nonzero(truth[perm][1:] != truth[perm][:-1]))  # noqa: E731
+    perm = kernels.community_order(indptr, indices, seed=0)
+    assert perm.dtype == np.int64 and np.array_equal(np.sort(perm), np.arange(180))
+    assert switches(perm) <= 3 + 4  # one block per community, a few stray vertices at most
+    assert switches(kernels.locality_order(indptr, indices)) > 30  # breadth-first runs across communities
+    assert np.array_equal(kernels.community_order(indptr, indices, seed=0), perm)  # deterministic per seed
+
+
+def test_community_order_edge_cases():
+    assert kernels.community_order(np.zeros(1, np.int64), np.empty(0, np.int32)).size == 0
+    indptr = np.array([0, 1, 2, 2, 4, 5, 6], np.int64)  # isolated vertices, two components, a self loop
+    indices = np.array([1, 0, 4, 5, 3, 3], np.int32)
+    assert sorted(kernels.community_order(indptr, indices, seed=3).tolist()) == list(range(6))
+
+
 def test_row_read_probe_sums_rows():
     rng = np.random.default_rng(10)
     x = rng.standard_normal((100, 20), dtype=np.float32)

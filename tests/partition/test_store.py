@@ -142,7 +142,7 @@ def test_mmap_loading_is_read_only(tmp_path):
     assert not isinstance(open_store(tmp_path / "s").load_part(1, mmap=False).indices, np.memmap)
 
 
-@pytest.mark.parametrize("order", ["rcm", "bfs", "none"])
+@pytest.mark.parametrize("order", ["community", "rcm", "bfs", "none"])
 def test_vertex_order_is_recorded_and_a_permutation(tmp_path, order):
     ds = load_cora()
     parts = assign_parts(ds.num_nodes, ds.src, ds.dst, 2, "metis")
@@ -165,7 +165,7 @@ def test_vertex_order_is_recorded_and_a_permutation(tmp_path, order):
 
 def test_unknown_vertex_order_is_a_config_error(tmp_path):
     ds = undirected_toy()
-    with pytest.raises(ConfigError, match="vertex_order must be one of rcm, bfs, none, got 'dfs'"):
+    with pytest.raises(ConfigError, match="vertex_order must be one of community, rcm, bfs, none, got 'dfs'"):
         write_store(ds, np.zeros(9, dtype=np.int64), tmp_path / "s", method="contiguous", seed=0, vertex_order="dfs")
     assert not (tmp_path / "s").exists()
 
@@ -235,7 +235,7 @@ def test_meta_json_contents(tmp_path):
     meta = json.loads((tmp_path / "s" / "meta.json").read_text())
     assert meta == open_store(tmp_path / "s").meta.to_dict()
     assert meta["format_version"] == 3 and meta["normalization"] == "gcn-sym-selfloop"
-    assert meta["vertex_order"] == "rcm"
+    assert meta["vertex_order"] == "community"
     assert meta["dataset"] == "toy" and meta["num_edges"] == 11 and meta["seed"] == 4 and not meta["directed"]
     assert meta["created_by"].startswith("dorylus ")
     assert len(meta["files"]) == 3 * 13
