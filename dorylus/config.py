@@ -277,6 +277,7 @@ class _Config:
             (math.isfinite(self.lr) and self.lr > 0, "lr must be a positive number"),
             (math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.epochs >= 1, "epochs must be >= 1"),
+            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),  # numpy's generators take no negative seed
             (self.eval_every >= 1, "eval_every must be >= 1"),
             (self.parts is None or self.parts >= 1, "parts must be >= 1"),
             (1 <= self.intervals <= MAX_INTERVALS, f"intervals must be in [1, {MAX_INTERVALS}], got {self.intervals}"),

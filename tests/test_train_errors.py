@@ -49,6 +49,7 @@ def _npz(path, **changes):
     (["--run-dir", "g.npz/run"], "g.npz is a file, not a directory"),
     (["--watchdog-factor", "0.5"], "watchdog_factor must be >= 1"),
     (["--checkpoint-every", "0"], "checkpoint_every must be >= 1"),
+    (["--seed", "-1"], "seed must be >= 0, got -1"),
 ])
 def test_bad_options_are_one_line_and_write_nothing(capsys, workdir, flags, words):
     refused(capsys, ["train", "--dataset", "g.npz", "--epochs", "1", *flags], words, workdir)
