@@ -349,7 +349,18 @@ def locality_order(indptr: Any, indices: Any) -> np.ndarray:
     n = indptr.shape[0] - 1
     if n <= 0:
         return np.empty(0, np.int64)
+    _check_square(indptr, indices, n)
     return _kernels().cuthill_mckee(indptr, indices)[::-1].copy()
+
+
+def _check_square(indptr: np.ndarray, indices: np.ndarray, n: int) -> None:
+    """The structure of an ``[n, n]`` graph: the order kernels index their ``[n]`` arrays by its
+    entries unchecked."""
+    nnz = int(indptr[-1])
+    if int(indptr[0]) != 0 or nnz > indices.shape[0] or bool(np.any(np.diff(indptr) < 0)):
+        raise ValueError(f"indptr must rise from 0 to at most len(indices) = {indices.shape[0]}")
+    if nnz and (int(indices[:nnz].min()) < 0 or int(indices[:nnz].max()) >= n):
+        raise ValueError(f"indices must lie in [0, {n}) for a square graph of {n} rows")
 
 
 def community_order(indptr: Any, indices: Any, *, seed: int = 0, rounds: int = COMMUNITY_ROUNDS) -> np.ndarray:
@@ -373,7 +384,7 @@ def community_order(indptr: Any, indices: Any, *, seed: int = 0, rounds: int = C
         return band
     indptr = np.ascontiguousarray(indptr)
     if indptr.dtype not in (np.int32, np.int64):
-        indptr = indptr.astype(np.int64)
+        indptr = indptr.astype(np.int64)  # checked by locality_order above
     visit = np.random.default_rng(seed).permutation(n)
     labels = _kernels().label_propagation(indptr, _index_array(indices), visit, int(rounds), n // 1000)
     position = np.empty(n, np.int64)

@@ -519,6 +519,9 @@ def test_community_order_keeps_each_planted_community_together_where_a_band_orde
 
 def test_community_order_edge_cases():
     assert kernels.community_order(np.zeros(1, np.int64), np.empty(0, np.int32)).size == 0
+    for order in (kernels.community_order, kernels.locality_order):  # unchecked kernels behind them
+        with pytest.raises(ValueError, match=r"indices must lie in \[0, 2\)"):
+            order(np.array([0, 1, 2], np.int64), np.array([1, 5], np.int32))
     indptr = np.array([0, 1, 2, 2, 4, 5, 6], np.int64)  # isolated vertices, two components, a self loop
     indices = np.array([1, 0, 4, 5, 3, 3], np.int32)
     assert sorted(kernels.community_order(indptr, indices, seed=3).tolist()) == list(range(6))
