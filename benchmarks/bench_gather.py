@@ -34,7 +34,8 @@ Roofline (``--roofline``, default ``2400000x16,300000x128``: ``x`` of 154 MB eac
 random vertex order hides), symmetric, with self loops, ``A_hat`` as above. It is timed in each of
 ``--orders`` (default ``random,bfs,rcm,community``): a random vertex order (what the store's ``none``
 keeps of randomly numbered vertices), and the store's ``bfs``, ``rcm`` (reverse Cuthill-McKee) and
-``community`` (label-propagation communities, each in reverse Cuthill-McKee order) orders of it, each computed by ``dorylus.partition.store.locality_order`` on the loop-free structure as the
+``community`` (label-propagation communities, each in reverse Cuthill-McKee order) orders of it,
+each computed by ``dorylus.partition.store.locality_order`` on the loop-free structure as the
 store computes a part's (its compute time is printed), against the probe
 ``kernels.row_read_probe``: ``nnz`` reads of uniformly random rows of the same ``x`` ``[N, d]``
 in groups of the mean degree, with the same threads, prefetching and register blocking and

@@ -342,25 +342,33 @@ def locality_order(indptr: Any, indices: Any) -> np.ndarray:
     land close together, which keeps the rows that one output row reads near each other in ``x``.
     Cost ``O(nnz log d_max + N)`` time and ``O(N)`` extra memory.
     """
+    indptr, indices = _square_structure(indptr, indices)
+    return _reverse_cuthill_mckee(indptr, indices)
+
+
+def _square_structure(indptr: Any, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr, indices)`` of an ``[n, n]`` graph as the order kernels take them, checked: they
+    index their ``[n]`` arrays by its entries unchecked."""
     indptr = np.ascontiguousarray(indptr)
     if indptr.dtype not in (np.int32, np.int64):
         indptr = indptr.astype(np.int64)
     indices = _index_array(indices)
     n = indptr.shape[0] - 1
     if n <= 0:
-        return np.empty(0, np.int64)
-    _check_square(indptr, indices, n)
-    return _kernels().cuthill_mckee(indptr, indices)[::-1].copy()
-
-
-def _check_square(indptr: np.ndarray, indices: np.ndarray, n: int) -> None:
-    """The structure of an ``[n, n]`` graph: the order kernels index their ``[n]`` arrays by its
-    entries unchecked."""
+        return indptr, indices
     nnz = int(indptr[-1])
     if int(indptr[0]) != 0 or nnz > indices.shape[0] or bool(np.any(np.diff(indptr) < 0)):
         raise ValueError(f"indptr must rise from 0 to at most len(indices) = {indices.shape[0]}")
     if nnz and (int(indices[:nnz].min()) < 0 or int(indices[:nnz].max()) >= n):
         raise ValueError(f"indices must lie in [0, {n}) for a square graph of {n} rows")
+    return indptr, indices
+
+
+def _reverse_cuthill_mckee(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """:func:`locality_order` of a structure :func:`_square_structure` returned."""
+    if indptr.shape[0] <= 1:
+        return np.empty(0, np.int64)
+    return _kernels().cuthill_mckee(indptr, indices)[::-1].copy()
 
 
 def community_order(indptr: Any, indices: Any, *, seed: int = 0, rounds: int = COMMUNITY_ROUNDS) -> np.ndarray:
@@ -378,20 +386,19 @@ def community_order(indptr: Any, indices: Any, *, seed: int = 0, rounds: int = C
     Cost: ``rounds`` passes of ``O(nnz log d_max)`` after the reverse Cuthill-McKee order (about
     4 s a round on that part), ``O(N)`` extra memory.
     """
-    band = locality_order(indptr, indices)
+    indptr, indices = _square_structure(indptr, indices)
+    band = _reverse_cuthill_mckee(indptr, indices)
     n = band.shape[0]
     if n == 0:
         return band
-    indptr = np.ascontiguousarray(indptr)
-    if indptr.dtype not in (np.int32, np.int64):
-        indptr = indptr.astype(np.int64)  # checked by locality_order above
     visit = np.random.default_rng(seed).permutation(n)
-    labels = _kernels().label_propagation(indptr, _index_array(indices), visit, int(rounds), n // 1000)
+    labels = _kernels().label_propagation(indptr, indices, visit, int(rounds), n // 1000)
     position = np.empty(n, np.int64)
     position[band] = np.arange(n)
-    first = np.full(n, n, np.int64)
+    first = np.full(n, n, np.int64)  # each community's first position in the band order
     np.minimum.at(first, labels, position)
-    return band[np.lexsort((position[band], first[labels[band]]))]
+    # stable: inside a community the band order stays
+    return band[np.argsort(first[labels[band]], kind="stable")]
 
 
 def row_read_probe(x: Any, idx: Any, group: int = 16) -> np.ndarray:

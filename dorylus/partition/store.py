@@ -34,8 +34,8 @@ Vertex order (``meta.json`` ``"vertex_order"``): owned vertices are numbered for
 each part when the store is written, from the part's internal edges: ``community`` (the default:
 label-propagation communities, each in reverse Cuthill-McKee order, seeded by the store's seed),
 ``rcm`` (reverse Cuthill-McKee alone), ``bfs`` (breadth-first from a least-degree vertex) or
-``none`` (ascending global id). Ghosts follow the rows that read them. Every result leaves the graph servers keyed by
-global id (the ``ids`` input), so training does not depend on the order.
+``none`` (ascending global id). Ghosts follow the rows that read them. Every result leaves the
+graph servers keyed by global id (the ``ids`` input), so training does not depend on the order.
 
 Features are stored sparse when :func:`dorylus.models.sparse.use_sparse` says so for the
 ``sparse_features`` mode (``auto``: below 10% non-zeros, as bag-of-words; :func:`write_store`
@@ -514,7 +514,8 @@ class StoreWriter:
         num_parts, num_nodes, num_features, num_classes: ``P``, ``N``, ``F``, ``C``.
         dataset_name, directed, method, seed: recorded in ``meta.json``.
         sparse_features: ``auto`` (a part's features as CSR when under 10% non-zero), ``on``, ``off``.
-        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none`` (:func:`locality_order` of each part's owned vertices).
+        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none`` (:func:`locality_order`
+            of each part's owned vertices).
         num_edges: recorded as ``num_edges`` (default: the in-edges written, self loops excluded).
         progress: called with one line per part.
     """
@@ -769,7 +770,8 @@ def write_store(
         progress: called with one human-readable line per step.
         sparse_features: ``auto`` (CSR when under 10% of the whole matrix is non-zero), ``on``
             (CSR) or ``off`` (dense): the layout of every part's features.
-        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none``: the numbering of each part's vertices.
+        vertex_order: ``community`` (default), ``rcm``, ``bfs`` or ``none``: the numbering of each
+            part's vertices.
 
     Returns:
         The :class:`StoreMeta` written to ``meta.json``.

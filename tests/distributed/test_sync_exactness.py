@@ -179,8 +179,8 @@ def test_cora_lambda_two_parts_reaches_reference_accuracy(tmp_path, cora):
 @pytest.mark.timeout(600)
 def test_vertex_order_does_not_change_training(tmp_path, tmp_path_factory, cora):
     """Parts numbered by global id train as the reference does per epoch, as the cases above do
-    with the stores' default order (communities, each in reverse Cuthill-McKee order): results are keyed by global id, never
-    local order, and only float32 summation order differs."""
+    with the stores' default order (communities, each in reverse Cuthill-McKee order): results
+    are keyed by global id, never local order, and only float32 summation order differs."""
     from dorylus.partition import assign_parts, write_store
 
     parts = assign_parts(cora.num_nodes, cora.src, cora.dst, 2, "metis")
