@@ -302,7 +302,8 @@ def bench_roofline(n: int, width: int, degree: int, warmup: int, repeats: int, r
     src, dst = relabelled(src, dst, rng.permutation(n))
     graphs, order_seconds = ordered_graphs(src, dst, n, orders)
     del src, dst
-    x = rng.standard_normal((n, width), dtype=np.float32)
+    x = gather_kernels.aligned_zeros((n, width))  # rows laid out as a graph server's buffers
+    x[:] = rng.standard_normal((n, width), dtype=np.float32)
     nnz = int(next(iter(graphs.values())).indptr[-1])
     probe_idx = rng.integers(0, n, nnz).astype(np.int32)
     group = max(1, round(nnz / n))

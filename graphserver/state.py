@@ -25,6 +25,7 @@ import numpy as np
 from dorylus.data.loaders import file_backed, read_row_range, row_blocks
 from dorylus.models.base import STATIC, Plan, Result, Stage
 from dorylus.models.graph import CsrGraph
+from dorylus.models.kernels import aligned_zeros
 from dorylus.models.ops import encode_split
 from dorylus.models.sparse import SparseRows, in_layout, use_sparse
 from dorylus.normalize import row_normalize
@@ -157,7 +158,7 @@ class PartitionState:
                                      else max(1, STATIC_PULL_BYTES // max(1, dense_row_bytes)))
         used = {name for stage in (*plan.train, *plan.evaluate) for name in (*stage.reads, *stage.writes)}
         ghosted = plan.ghosted_on(part.undirected)
-        self.buffers = {name: np.zeros((n_local if name in ghosted else n_owned, plan.widths[name]), np.float32)
+        self.buffers = {name: aligned_zeros((n_local if name in ghosted else n_owned, plan.widths[name]))
                         for name in sorted(used - set(STATIC))}
         self.memory = memory_figures(part, self.static["X"], self.buffers)
 

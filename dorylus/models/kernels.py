@@ -100,6 +100,29 @@ def _gather_torch(indptr: np.ndarray, indices: np.ndarray, x: np.ndarray, values
         out[:] = product
 
 
+# Bytes of a cache line: row buffers that Gather reads start on one (:func:`aligned_zeros`).
+CACHE_LINE = 64
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype: Any = np.float32, align: int = CACHE_LINE) -> np.ndarray:
+    """Zeros, C-contiguous, whose first byte lies on an ``align``-byte boundary.
+
+    numpy's large arrays start 16 bytes past a page (malloc's header), so every 64-byte row
+    (16 float32) straddles two cache lines and each random row read of a Gather fetches two.
+    Aligned, Gather on part 0 of synthetic-products (31M entries x 16, one thread) took
+    0.20-0.21 s against 0.26-0.29 s, and 0.41-0.46 s against 0.44-0.59 s beside a second
+    process gathering. Pages are zeroed lazily (``np.zeros``): untouched rows cost no memory.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:  # nothing to align (numpy gives an empty view its base's address)
+        return np.zeros(shape, dtype)
+    raw = np.zeros(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _threads() -> int:
     import numba
     import torch

@@ -265,9 +265,10 @@ def softmax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, split: tor
         torch._assert_async(train.sum() <= train_count, message)
     except RuntimeError as exc:
         raise ValueError(message) from exc
-    correct_rows = logits.argmax(dim=1) == labels
-    meta: dict[str, Any] = {f"correct_{name}": (correct_rows & ((split & int(bit)) != 0)).sum()
-                            for name, bit in SPLITS.items()}
+    meta: dict[str, Any] = {}
+    if not training:  # accuracy counts are the evaluation pass's, as in ops
+        correct_rows = logits.argmax(dim=1) == labels
+        meta = {f"correct_{name}": (correct_rows & ((split & int(bit)) != 0)).sum() for name, bit in SPLITS.items()}
     shifted = logits - logits.max(dim=1, keepdim=True).values
     log_sum = torch.log(torch.exp(shifted).sum(dim=1, keepdim=True))
     log_p = shifted - log_sum

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dorylus.config import TrainConfig
-from dorylus.models import get_model
+from dorylus.models import get_model, kernels
 from dorylus.models.base import GATHER, GATHER_BACKWARD, STATIC
 from dorylus.models.gcn import build_plan
 from dorylus.models.ops import TEST, TRAIN, VAL
@@ -121,6 +121,7 @@ def test_buffers_are_exactly_the_plans_names(store, config):
             rows = part.n_local if name in ghosted else part.n_owned
             assert buf.shape == (rows, plan.widths[name]), name
             assert buf.dtype == np.float32 and buf.flags.c_contiguous and buf.flags.writeable
+            assert buf.ctypes.data % kernels.CACHE_LINE == 0, name  # rows Gather reads start on a line
             assert not buf.any()
             assert state.rows(name) is buf
         for name in STATIC:

@@ -141,7 +141,11 @@ def test_loss_fuses_the_mlp_the_loss_and_dz():
     (expected_dz,) = gin.compute("MLP_BWD", 1, [gathered, projected, grad_y], params, args).rows
     np.testing.assert_allclose(grad_z, expected_dz, rtol=1e-6, atol=1e-7)
     evaluation = gin.compute("LOSS", 1, [gathered, projected, labels, split], params, {**args, "training": False})
-    assert evaluation.rows == [] and evaluation.meta == result.meta
+    assert evaluation.rows == [] and list(result.meta) == ["loss"]
+    assert evaluation.meta.pop("loss") == result.meta["loss"]
+    predicted = y.argmax(axis=1)
+    assert evaluation.meta == {f"correct_{name}": int(((predicted == labels) & ((split & bit) != 0)).sum())
+                               for name, bit in (("train", 1), ("val", 2), ("test", 4))}
 
 
 def test_parameters_follow_the_config():

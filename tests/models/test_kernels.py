@@ -66,6 +66,22 @@ def check(indptr, indices, x, values=None, row_scale=None, col_scale=None, **kw)
     return got
 
 
+@pytest.mark.parametrize("shape", [(0, 16), (1, 1), (7, 3), (1000, 16), (300_000, 16)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_aligned_zeros(shape, dtype):
+    """Zeros of the shape and type, C-contiguous, writable, starting on a cache line (numpy's own
+    large arrays usually start 16 bytes past one)."""
+    a = kernels.aligned_zeros(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert not a.any()
+    if a.size == 0:
+        return
+    assert a.ctypes.data % kernels.CACHE_LINE == 0
+    a[...] = 1  # the whole view is backed (it owns no memory of its own, its base does)
+    assert a.sum() == a.size
+    assert kernels.aligned_zeros(shape, dtype, align=4096).ctypes.data % 4096 == 0
+
+
 def test_hand_built_graph():
     # rows: 0 -> {1, 2}, 1 -> {} (empty), 2 -> {0, 2} (a self loop), 3 -> {1, 3}
     indptr = np.array([0, 2, 2, 4, 6], np.int64)
