@@ -16,6 +16,8 @@ from numba.extending import intrinsic
 # Entries per segment of a long row: the feature blocks of a segment re-read its rows of x, which
 # must still be in the core's L2 cache (128 rows x 128 features x 4 B = 64 KB).
 SEGMENT = 128
+# Rows per task of live_rows.
+LIVE_BLOCK = 16384
 # Rows ahead whose output rows a sorted push prefetches (a part's rows have a few ghost entries each).
 ROWS_AHEAD = 8
 
@@ -160,6 +162,82 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                 s = row_scale[r]
                 for f in range(width):
                     out[r, f] *= s
+
+
+@njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
+def gather_live_kernel(indptr, indices, x, live, values, has_values, col_scale, has_col_scale, row_scale,
+                       has_row_scale, bounds, out, distance, col_limit):
+    """:func:`gather_kernel` over the entries whose row of ``x`` is live (``live[j] == 1``; the
+    others are all zeros): each segment's live entries are listed first (without a branch), then
+    summed, so a dead row is neither read nor prefetched. The same float32 operations in the same
+    order as :func:`gather_kernel`, whose zero terms change no sum (the sums start at +0.0): the
+    same bits. ``distance`` counts entries of the whole row, dead ones included."""
+    width = x.shape[1]
+    limit = indptr[indptr.shape[0] - 1]
+    x_rows = x.shape[0]
+    zero = np.float32(0.0)
+    for c in prange(bounds.shape[0] - 1):
+        kept = np.empty(SEGMENT, np.int64)
+        acc = np.empty(width, np.float32)
+        for r in range(bounds[c], bounds[c + 1]):
+            lo = indptr[r]
+            hi = indptr[r + 1]
+            if col_limit >= 0:
+                hi = lo + np.searchsorted(indices[lo:hi], col_limit)
+            if hi == lo:
+                for f in range(width):
+                    out[r, f] = zero
+                continue
+            for f in range(width):
+                acc[f] = zero
+            for s0 in range(lo, hi, SEGMENT):
+                s1 = min(hi, s0 + SEGMENT)
+                m = 0
+                for k in range(s0, s1):
+                    if k + distance < limit:
+                        ahead = indices[k + distance]
+                        if ahead < x_rows and live[ahead]:
+                            _prefetch_ahead(x, col_scale, has_col_scale, ahead, width)
+                    kept[m] = k
+                    m += live[indices[k]]
+                for t in range(m):
+                    k = kept[t]
+                    j = indices[k]
+                    w = np.float32(1.0)
+                    if has_values:
+                        w = values[k]
+                    if has_col_scale:
+                        w = w * col_scale[j, 0]
+                    for f in range(width):
+                        acc[f] += w * x[j, f]
+            if has_row_scale:
+                s = row_scale[r]
+                for f in range(width):
+                    out[r, f] = acc[f] * s
+            else:
+                for f in range(width):
+                    out[r, f] = acc[f]
+
+
+@njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def live_rows(x, live):
+    """``live[r] = 1`` where row ``r`` of ``x`` has a non-zero (or NaN) element, else 0; returns
+    the number of live rows."""
+    rows, width = x.shape
+    count = 0
+    # blocks of rows, not rows, are what the threads take: kernels run with a chunk size of 1
+    for b in prange((rows + LIVE_BLOCK - 1) // LIVE_BLOCK):
+        block_count = 0
+        for r in range(b * LIVE_BLOCK, min(rows, (b + 1) * LIVE_BLOCK)):
+            flag = np.uint8(0)
+            for f in range(width):
+                if x[r, f] != 0:
+                    flag = np.uint8(1)
+                    break
+            live[r] = flag
+            block_count += flag
+        count += block_count
+    return count
 
 
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)

@@ -50,6 +50,12 @@ _CHUNKS_PER_THREAD = 16
 # ogbn-products-sized part still change (1.18M, 379K, 33K, 7.6K, 2.6K changes of 1.2M).
 COMMUNITY_ROUNDS = 5
 
+# Gather skips the all-zero rows of its operand when more than this share of an even sample of
+# ZERO_ROWS_SAMPLE rows is zero (:func:`_live_rows`), prefetching at most this many entries ahead.
+SKIP_ZERO_ROWS = 0.75
+ZERO_ROWS_SAMPLE = 1024
+MAX_SPARSE_DISTANCE = 1024
+
 # Below this many stored entries x width a product runs on torch (see the module docstring):
 # synthetic-small's intervals (300K entries x 16) are below it, synthetic-1m's whole parts above.
 SMALL_WORK = 1 << 23
@@ -224,6 +230,9 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     Runs on ``torch.get_num_threads()`` threads; calls from several Python threads are serialised
     (each already uses every core). Indices are trusted to be in range (not checked per entry).
 
+    On numba, an ``x`` whose rows are mostly all zeros (:func:`_live_rows` decides from a sample)
+    is gathered over its other rows only, with the same bits as a whole gather.
+
     ``col_limit`` (numba only, whatever ``DORYLUS_GATHER_KERNEL`` says): only the entries with
     ``indices[k] < col_limit <= C`` count, found per row by bisection, so each row's indices must
     be ascending; the others may lie past ``x`` (a part's ghost columns: :meth:`CsrGraph.aggregate_transpose
@@ -251,10 +260,33 @@ def gather(indptr: Any, indices: Any, x: Any, *, values: Any = None, row_scale: 
     k = _kernels()
     threads = _threads()
     bounds = _row_bounds(indptr, threads)
+    operands = (v, values is not None, cs.reshape(-1, 1), col_scale is not None, rs, row_scale is not None, bounds, out)
+    col_limit = -1 if col_limit is None else col_limit
     with _lock, _numba_threads(threads):
-        k.gather_kernel(indptr, indices, x, v, values is not None, cs.reshape(-1, 1), col_scale is not None, rs,
-                        row_scale is not None, bounds, out, PREFETCH_DISTANCE, -1 if col_limit is None else col_limit)
+        live, live_count = _live_rows(x)
+        if live is None:
+            k.gather_kernel(indptr, indices, x, *operands, PREFETCH_DISTANCE, col_limit)
+        else:  # the prefetch reaches as many live rows ahead as on a dense x
+            distance = min(MAX_SPARSE_DISTANCE, PREFETCH_DISTANCE * num_cols // max(1, live_count))
+            k.gather_live_kernel(indptr, indices, x, live, *operands, distance, col_limit)
     return out
+
+
+def _live_rows(x: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """``(live, count)``: ``live`` ``uint8 [C]`` is 1 where a row of ``x`` is not all zeros, and
+    ``count`` its sum, when an even sample of :data:`ZERO_ROWS_SAMPLE` rows finds more than
+    :data:`SKIP_ZERO_ROWS` of them zero; else ``(None, C)``.
+
+    The backward pass's first Gather reads the loss gradient, non-zero on the train rows only (8%
+    of an ogbn-products part): skipping the other rows saves most of its random reads, for one
+    sequential pass over ``x`` to find them. Other operands are dense, and the sample costs them
+    ``ZERO_ROWS_SAMPLE`` row reads."""
+    n = x.shape[0]
+    sample = x[np.linspace(0, n - 1, min(n, ZERO_ROWS_SAMPLE)).astype(np.int64)]
+    if np.count_nonzero(~sample.any(axis=1)) <= SKIP_ZERO_ROWS * sample.shape[0]:
+        return None, n
+    live = np.empty(n, np.uint8)
+    return live, int(_kernels().live_rows(x, live))
 
 
 def transpose_csr(indptr: Any, indices: Any, num_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
