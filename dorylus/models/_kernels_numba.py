@@ -60,6 +60,16 @@ def _prefetch_ahead(x, col_scale, has_col_scale, j, width):
         _prefetch(col_scale, j, 0)
 
 
+@njit(cache=True, inline="always")
+def _row_span(indptr, indices, r, col_limit):
+    # row r's entries; with col_limit >= 0, up to its first column >= col_limit (rows ascending)
+    lo = indptr[r]
+    hi = indptr[r + 1]
+    if col_limit >= 0:
+        hi = lo + np.searchsorted(indices[lo:hi], col_limit)
+    return lo, hi
+
+
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_scale, row_scale, has_row_scale,
                   bounds, out, distance, col_limit):
@@ -72,10 +82,7 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
     zero = np.float32(0.0)
     for c in prange(bounds.shape[0] - 1):
         for r in range(bounds[c], bounds[c + 1]):
-            lo = indptr[r]
-            hi = indptr[r + 1]
-            if col_limit >= 0:
-                hi = lo + np.searchsorted(indices[lo:hi], col_limit)
+            lo, hi = _row_span(indptr, indices, r, col_limit)
             if hi == lo:
                 for f in range(width):
                     out[r, f] = zero
@@ -180,10 +187,7 @@ def gather_live_kernel(indptr, indices, x, live, values, has_values, col_scale, 
         kept = np.empty(SEGMENT, np.int64)
         acc = np.empty(width, np.float32)
         for r in range(bounds[c], bounds[c + 1]):
-            lo = indptr[r]
-            hi = indptr[r + 1]
-            if col_limit >= 0:
-                hi = lo + np.searchsorted(indices[lo:hi], col_limit)
+            lo, hi = _row_span(indptr, indices, r, col_limit)
             if hi == lo:
                 for f in range(width):
                     out[r, f] = zero
