@@ -70,6 +70,17 @@ def _row_span(indptr, indices, r, col_limit):
     return lo, hi
 
 
+@njit(cache=True, inline="always")
+def _entry_weight(values, has_values, col_scale, has_col_scale, k, j):
+    # entry k's weight onto column j, rounded to float32 as both gather kernels must
+    w = np.float32(1.0)
+    if has_values:
+        w = values[k]
+    if has_col_scale:
+        w = w * col_scale[j, 0]
+    return w
+
+
 @njit(parallel=True, cache=True, fastmath=False, nogil=True, boundscheck=False)
 def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_scale, row_scale, has_row_scale,
                   bounds, out, distance, col_limit):
@@ -113,11 +124,7 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                         if f0 == 0 and k + distance < limit and indices[k + distance] < x_rows:
                             _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
-                        w = np.float32(1.0)
-                        if has_values:
-                            w = values[k]
-                        if has_col_scale:
-                            w = w * col_scale[j, 0]
+                        w = _entry_weight(values, has_values, col_scale, has_col_scale, k, j)
                         a0 += w * x[j, f0 + 0]
                         a1 += w * x[j, f0 + 1]
                         a2 += w * x[j, f0 + 2]
@@ -158,11 +165,7 @@ def gather_kernel(indptr, indices, x, values, has_values, col_scale, has_col_sca
                         if blocked == 0 and k + distance < limit and indices[k + distance] < x_rows:
                             _prefetch_ahead(x, col_scale, has_col_scale, indices[k + distance], width)
                         j = indices[k]
-                        w = np.float32(1.0)
-                        if has_values:
-                            w = values[k]
-                        if has_col_scale:
-                            w = w * col_scale[j, 0]
+                        w = _entry_weight(values, has_values, col_scale, has_col_scale, k, j)
                         for f in range(blocked, width):
                             out[r, f] += w * x[j, f]
             if has_row_scale:
@@ -207,11 +210,7 @@ def gather_live_kernel(indptr, indices, x, live, values, has_values, col_scale, 
                 for t in range(m):
                     k = kept[t]
                     j = indices[k]
-                    w = np.float32(1.0)
-                    if has_values:
-                        w = values[k]
-                    if has_col_scale:
-                        w = w * col_scale[j, 0]
+                    w = _entry_weight(values, has_values, col_scale, has_col_scale, k, j)
                     for f in range(width):
                         acc[f] += w * x[j, f]
             if has_row_scale:

@@ -113,10 +113,20 @@ def test_random_graphs(width, weighted, indptr_type):
     check(indptr.astype(indptr_type), indices, x, **kw)
 
 
+@pytest.fixture
+def live_masks(monkeypatch) -> list[np.ndarray]:
+    """The ``live`` mask of every call of the zero-row-skipping kernel, in order."""
+    masks: list[np.ndarray] = []
+    live_kernel = kernels._kernels().gather_live_kernel
+    monkeypatch.setattr(kernels._kernels(), "gather_live_kernel", lambda *a: masks.append(a[3]) or live_kernel(*a))
+    return masks
+
+
 @pytest.mark.parametrize("width", [1, 16, 17, 40])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("col_limit", [None, 180])
-def test_mostly_zero_operands_skip_their_zero_rows_for_the_same_bits(monkeypatch, kernel, width, threads, col_limit):
+def test_mostly_zero_operands_skip_their_zero_rows_for_the_same_bits(monkeypatch, kernel, live_masks, width, threads,
+                                                                    col_limit):
     """An operand whose rows are mostly all-zero (a loss gradient: non-zero on train rows only) is
     gathered over its live rows alone; the result is bit for bit the dense kernel's, signs of
     zero included, and within rounding of float64. Rows longer than a segment, empty rows, a
@@ -135,37 +145,31 @@ def test_mostly_zero_operands_skip_their_zero_rows_for_the_same_bits(monkeypatch
               row_scale=rng.standard_normal(len(indptr) - 1, dtype=np.float32),
               col_scale=rng.standard_normal(250, dtype=np.float32), col_limit=col_limit)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    spy = []
-    live_kernel = kernels._kernels().gather_live_kernel
-    monkeypatch.setattr(kernels._kernels(), "gather_live_kernel", lambda *a: spy.append(a[3]) or live_kernel(*a))
     skipped = kernels.gather(indptr, indices, x, **kw)
-    assert len(spy) == 1 and spy[0].tolist() == x.any(axis=1).tolist()  # -0.0 rows are dead too
+    assert len(live_masks) == 1 and live_masks[0].tolist() == x.any(axis=1).tolist()  # -0.0 rows are dead too
     monkeypatch.setattr(kernels, "SKIP_ZERO_ROWS", 1.0)  # never skip
     whole = kernels.gather(indptr, indices, x, **kw)
-    assert len(spy) == 1
+    assert len(live_masks) == 1
     np.testing.assert_array_equal(skipped, whole)
     assert np.array_equal(np.signbit(skipped), np.signbit(whole))
     if col_limit is None:
         check(indptr, indices, x, **{k: v for k, v in kw.items() if k != "col_limit"})
 
 
-def test_dense_operands_and_nan_rows_are_gathered_whole(monkeypatch, kernel):
+def test_dense_operands_and_nan_rows_are_gathered_whole(kernel, live_masks):
     """Operands that the sample finds mostly live take the dense kernel; a NaN row is live."""
     if kernel != "numba":
         pytest.skip("numba only")
     rng = np.random.default_rng(5)
     indptr, indices = random_csr(200, 200, 3000, rng)
-    spy = []
-    live_kernel = kernels._kernels().gather_live_kernel
-    monkeypatch.setattr(kernels._kernels(), "gather_live_kernel", lambda *a: spy.append(a[3]) or live_kernel(*a))
     x = rng.standard_normal((200, 16), dtype=np.float32)
     x[::2] = 0.0
     check(indptr, indices, x)
-    assert spy == []  # half the rows live: the dense kernel is as fast
+    assert live_masks == []  # half the rows live: the dense kernel is as fast
     x[rng.random(200) >= 0.05] = 0.0
     x[7] = np.nan
     got = kernels.gather(indptr, indices, x)
-    assert len(spy) == 1 and spy[0][7] == 1
+    assert len(live_masks) == 1 and live_masks[0][7] == 1
     rows_reading_7 = np.repeat(np.arange(200), np.diff(indptr))[indices == 7]
     assert rows_reading_7.size and np.isnan(got[rows_reading_7]).all()
 
