@@ -21,7 +21,7 @@ from dorylus.function import FUNCTION_HANDLER
 from dorylus.models import MODELS, get_model
 from dorylus.models.sparse import AUTO_MAX_DENSITY, SPARSE_MODES
 from graphserver.backends import BACKENDS, backend_class
-from graphserver.backends.serverless import MAX_FALLBACK_AFTER, WORKER_MB, WORKERS_PER_CPU
+from graphserver.backends.serverless import MAX_FALLBACK_AFTER, SERVER_STAGE_OPS, WORKER_MB, WORKERS_PER_CPU
 from graphserver.modes import MODES, mode_class
 
 # dorylus.partition.placement.CHOICES (a test holds them equal; importing it here would load the store)
@@ -177,6 +177,11 @@ class _Config:
                                "the graph server runs the task itself on its own rows, as "
                                "the cpu backend does (counted as fallback_calls); only a task that fails "
                                f"there too stops the run. 1 to {MAX_FALLBACK_AFTER}")
+    server_stage_ops: int = _opt(SERVER_STAGE_OPS, "lambda backend: a function stage with at most this many "
+                                 "multiply-adds, elements and logits on an interval and no dropout mask to "
+                                 "regenerate runs on its graph server instead of as a call (cheaper than an "
+                                 "invoke); 0: only stages with element-wise work alone and no gradient do. "
+                                 "0 to 2^40")
     function_handler: str = _opt(FUNCTION_HANDLER, "the function the local Lambda emulator runs (module:callable)")
     lambda_memory_mb: int = _opt(1024, "function memory size in MB, 128-10240 as Lambda allows (billing, and the "
                                  "emulator's setting)")

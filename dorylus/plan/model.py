@@ -19,7 +19,10 @@ GATHER_BACKWARD     ``m w / gather(4 w n h)`` (the transpose reads the owned row
 VERTEX              ``work(n) / server``
 FUNCTION, cpu/gpu   ``work(n) / server + waves * k' * rtt`` (``k'``: weights pulled, gradient pushed)
 FUNCTION, lambda    ``max(waves * call, I * bytes(r) / server_link)`` with
-                    ``call = invoke + call_s + 2 rtt + bytes(r) / call_link + work(r) / function``
+                    ``call = invoke + call_s + 2 rtt + bytes(r) / call_link + work(r) / function``;
+                    a stage the backend runs on its graph servers (``stage_on_server``: element-wise
+                    work without a gradient, or at most ``server_stage_ops`` operations without a
+                    dropout mask) as cpu's
 ==================  ===========================================================================
 
 plus ``stage_s``, the runtime's own cost of a stage. ``gather(size)`` is the Gather rate at a
@@ -69,7 +72,7 @@ from typing import Any, Iterable
 from dorylus.config import TrainConfig
 from dorylus.cost import DEFAULT_PRICES, Pricing, PriceTable, value
 from dorylus.errors import ConfigError
-from dorylus.models import MODELS, get_model
+from dorylus.models import MODELS, get_model, stage_cost
 from dorylus.models.base import Work
 from dorylus.plan.calibration import Rates
 from graphserver.backends import BACKENDS, RunBackend, backend_class
@@ -155,6 +158,7 @@ class Setup:
     evaluate: bool = True
     graph_servers_per_instance: int = 1  # GPUs per instance for the gpu backend
     static_cached: float = 0.0  # share of function calls whose warm container holds their static inputs
+    server_stage_ops: int = TrainConfig.server_stage_ops  # lambda: stages this small run on the graph server
     model: str = TrainConfig.model
     # None: the model's default (dorylus.config.model_default)
     heads: int | None = None  # gat: heads of every layer but the last
@@ -216,16 +220,10 @@ class Environment:
 def task_work(stage, layer, rows: float, training: bool, model: str = "gcn") -> Work:
     """The work of stage ``stage`` (a :class:`dorylus.models.base.Stage`) of ``layer`` (its
     :class:`~dorylus.models.spec.LayerSpec`) of ``model`` on ``rows`` rows: the model module's
-    own formula (its ``stage_work``, beside its ``compute``)."""
+    own formula (its ``stage_work``, beside its ``compute``; :func:`dorylus.models.stage_cost`)."""
     if model not in MODELS:
         raise ConfigError(f"plan: no cost formulas for the model {model!r}; known: {', '.join(MODELS)}")
-    args = dict(stage.args)
-    dropout = training and float(args.get("dropout", 0.0)) > 0
-    activation = args.get("act_in", args.get("relu_in")) not in (None, False)
-    # A layer's input: dropout's mask regenerated (training) or the activation alone (evaluation).
-    i = layer.in_dim
-    prepare = Work(dropout=rows * i) if dropout else Work(elementwise=rows * i if activation else 0.0)
-    work = get_model(model).stage_work(stage.task, args, layer, rows, training, prepare)
+    work = stage_cost(model, stage.task, dict(stage.args), layer, rows, training)
     if work is None:
         raise ConfigError(f"plan: no cost formula for the {model} task {stage.task!r}")
     return work
@@ -407,7 +405,8 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             elif stage.kind == "vertex":
                 seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server)
                 graph = True
-            elif functions:
+            elif functions and not setup.runs.stage_on_server(task_work(stage, layer, rows, training, setup.model),
+                                                             stage.grad and training, setup.server_stage_ops):
                 work = task_work(stage, layer, rows, training, setup.model)
                 moved = call_bytes(stage, weight_sizes[stage.layer], plan.widths, shape.features, rows, training,
                                    setup.static_cached)
@@ -417,7 +416,7 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 calls += I * shape.parts
                 billed_s += I * shape.parts * max(0.001, math.ceil((call - env.invoke_s) * 1000) / 1000)
                 graph = False
-            else:  # the model's compute in the graph server (cpu, gpu); weights and gradient over the network
+            else:  # the model's compute in the graph server (cpu, gpu, lambda's small stages); weights and gradient over the network
                 messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
                 seconds = (task_work(stage, layer, n, training, setup.model).seconds(env.server)
                            + waves * messages * env.round_trip_s)

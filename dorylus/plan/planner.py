@@ -199,6 +199,7 @@ class LocalOptions:
     heads: int = TrainConfig.heads
     out_heads: int = TrainConfig.out_heads
     attention_dropout: float = TrainConfig.attention_dropout
+    server_stage_ops: int = TrainConfig.server_stage_ops
 
 
 def local_shape(dataset: str | None, partitions: str | None, parts: int | None, cut_fraction: float) -> Shape:
@@ -237,7 +238,7 @@ def plan_local(calibration: Calibration, shape: Shape, options: LocalOptions) ->
                   hidden=o.hidden, layers=o.layers, lambda_memory_mb=o.lambda_memory_mb,
                   param_server=o.param_server_instance, mode=o.mode, evaluate=o.evaluate,
                   static_cached=o.static_cached, model=o.model, heads=o.heads, out_heads=o.out_heads,
-                  attention_dropout=o.attention_dropout)
+                  attention_dropout=o.attention_dropout, server_stage_ops=o.server_stage_ops)
     for name in (setup.graph_server, setup.param_server):
         if name not in DEFAULT_PRICES.ec2_hour_usd:
             raise ConfigError(f"plan: instance type {name!r} is not in the price table")
@@ -279,7 +280,9 @@ def run_options(run_dir: str | Path) -> tuple[LocalOptions, Shape]:
                            mode="sync" if c.get("mode", "sync") == "sync" else "pipe",
                            evaluate=c.get("eval_every", 1) == 1, model=c.get("model", TrainConfig.model),
                            heads=c.get("heads", TrainConfig.heads), out_heads=c.get("out_heads", TrainConfig.out_heads),
-                           attention_dropout=c.get("attention_dropout", TrainConfig.attention_dropout))
+                           attention_dropout=c.get("attention_dropout", TrainConfig.attention_dropout),
+                           # a run from before the option invoked every stage with more than element-wise work
+                           server_stage_ops=c.get("server_stage_ops", 0))
     return options, local_shape(None, store, None, options.cut_fraction)
 
 

@@ -85,6 +85,13 @@ class RunBackend:
     features_stored = False
 
     @classmethod
+    def stage_on_server(cls, work, grad: bool, small: int = 0) -> bool:
+        """Whether a FUNCTION stage of ``work`` on one interval (:class:`dorylus.models.base.Work`;
+        ``grad``: it pushes a gradient; ``small``: the config's ``server_stage_ops``) runs on the
+        graph server itself rather than as a billed call: always, unless the backend calls functions."""
+        return not cls.calls_functions
+
+    @classmethod
     def check_config(cls, config) -> list[tuple[bool, str]]:
         """``(ok, message)`` for the options this backend owns and the combinations it refuses;
         :meth:`dorylus.config.TrainConfig.validate` raises the first that fails."""

@@ -28,13 +28,16 @@ future (:meth:`LambdaBackend.awaiting`); the call's own future resolves with tha
 the invoke has returned too, because the function pushes its rows and its gradient at once and
 only the invoke's success says that the parameter server acknowledged the gradient.
 
-A stage whose work is element-wise only and that pushes no gradient (by its model's
-``stage_work``: no product, no dropout, no loss; GCN's and GAT's ``BIAS``, ``Y = G + b``) is not
-worth an invoke: it runs on this graph server through the same cpu code path, its weights
-pulled from the parameter server as a function's would be. Locally an invoke of it cost 35-50 ms
-of the epoch's critical path (the invoke, a pull and a push of the interval's rows) for an add
-of well under a millisecond. Those calls count in ``invocations`` of :meth:`take_stats` (the
-``calls`` metric), not in the bill.
+A stage that is not worth an invoke runs on this graph server through the same cpu code path,
+its weights pulled from (and any gradient pushed to) the parameter server as a function's would
+be (:meth:`LambdaBackend.stage_on_server`, priced by its model's ``stage_work`` on the interval's
+rows): work that is element-wise only with no gradient, at any size (GCN's and GAT's ``BIAS``,
+``Y = G + b``: locally an invoke of it cost 35-50 ms of the epoch's critical path, the invoke, a
+pull and a push of the interval's rows, for an add of well under a millisecond), and small work
+with no dropout mask to regenerate: at most ``server_stage_ops`` multiply-adds, elements and
+logits (:data:`SERVER_STAGE_OPS` by default, a few milliseconds of one core, less than an
+invoke's own latency). Those calls count in ``invocations`` of :meth:`take_stats` (the ``calls``
+metric), not in the bill.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from typing import Any, Iterator
 
 from dorylus.errors import ConfigError
 from dorylus.lambda_limits import MAX_TIMEOUT_S, MEMORY_RANGE_MB
-from dorylus.models import get_model
+from dorylus.models import stage_cost
 from dorylus.models.base import Work
 from graphserver.backends import LimitedBackend, LocalServices, call_key
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
@@ -62,6 +65,11 @@ logger = logging.getLogger(__name__)
 # WORKER_MB of available memory and WORKERS_PER_CPU per core, whichever is fewer.
 WORKER_MB = 256
 WORKERS_PER_CPU = 32
+# A stage of at most this many multiply-adds, elements and logits on its interval, with no dropout
+# mask to regenerate, runs on its graph server (module docstring): a few milliseconds of one core,
+# less than an invoke's own latency.
+SERVER_STAGE_OPS = 1 << 24
+MAX_SERVER_STAGE_OPS = 1 << 40
 # Failed attempts of one call before its graph server runs it: each is an invoke billed, and up to
 # this many attempts of a straggling call may be in flight at once.
 MAX_FALLBACK_AFTER = 100
@@ -143,6 +151,8 @@ class LambdaBackend(LimitedBackend):
              and config.fault_raise + config.fault_crash + config.fault_hang + config.fault_straggle <= 1.0,
              "fault fractions must be in [0, 1] and sum to at most 1"),
             (config.fault_straggle_factor >= 1, "fault_straggle_factor must be >= 1"),
+            (isinstance(config.server_stage_ops, int) and 0 <= config.server_stage_ops <= MAX_SERVER_STAGE_OPS,
+             f"server_stage_ops must be an integer in [0, 2^40], got {config.server_stage_ops!r}"),
             (MEMORY_RANGE_MB[0] <= config.lambda_memory_mb <= MEMORY_RANGE_MB[1],
              f"lambda_memory_mb must be in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] (Lambda's range), "
              f"got {config.lambda_memory_mb}"),
@@ -240,16 +250,29 @@ class LambdaBackend(LimitedBackend):
         pushed = self._pushes.get(key)
         return pushed if pushed is not None and not pushed.done() else None
 
+    @classmethod
+    def stage_on_server(cls, work: Work, grad: bool, small: int = SERVER_STAGE_OPS) -> bool:
+        """A stage not worth an invoke (module docstring): element-wise work only and no gradient,
+        or at most ``small`` operations (``server_stage_ops``) and no dropout mask."""
+        if work.macs == work.dropout == work.softmax == 0 and not grad:
+            return True
+        return work.dropout == 0 and work.macs + work.elementwise + work.softmax <= small
+
     def runs_on_server(self, event: dict[str, Any]) -> bool:
-        """Whether ``event``'s stage runs on this graph server (module docstring)."""
+        """Whether ``event``'s stage runs on this graph server (:meth:`stage_on_server`)."""
         spec = getattr(self.server, "spec", None)  # the model's layers; without them every stage is a call
-        if spec is None or event["grad"]:
+        if spec is None:
             return False
-        key = (event["pass"], event["task"], event["layer"])
+        start, stop = event["rows"]
+        key = (event["pass"], event["task"], event["layer"], stop - start)
         if key not in self._on_server:
-            work = get_model(event["model"]).stage_work(event["task"], event["args"], spec.layers[event["layer"]], 1.0,
-                                                        event["pass"] == "train", Work())
-            self._on_server[key] = work is not None and work.macs == work.dropout == work.softmax == 0
+            work = stage_cost(event["model"], event["task"], event["args"], spec.layers[event["layer"]], stop - start,
+                              event["pass"] == "train")
+            if work is None:  # no formula: nothing says it is small
+                self._on_server[key] = False
+                return False
+            small = getattr(self.server.config, "server_stage_ops", SERVER_STAGE_OPS)
+            self._on_server[key] = self.stage_on_server(work, bool(event["grad"]), small)
         return self._on_server[key]
 
     async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:

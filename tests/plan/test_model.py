@@ -113,12 +113,15 @@ def test_cost_is_hours_times_price_and_value_is_inverse_time_times_cost():
     assert p.value == pytest.approx(1 / (p.epoch_s * p.cost_usd))
 
 
-def test_lambda_calls_and_their_bill():
-    s = setup(backend="lambda")
+@pytest.mark.parametrize("server_stage_ops, per_interval", [
+    # AV and AV_BWD of layer 0 (dropout), AV of the evaluation pass (33M multiply-adds on 16,000 rows)
+    (None, 3),
+    (0, 5),  # and the fused last layer (AV_LOSS) of both passes; BIAS runs on the servers either way
+])
+def test_lambda_calls_and_their_bill(server_stage_ops, per_interval):
+    s = setup(backend="lambda", **({} if server_stage_ops is None else {"server_stage_ops": server_stage_ops}))
     p = local(s)
-    _, plan = model_plan(SHAPE, s)
-    function_stages = sum(st.kind == "function" for st in (*plan.train, *plan.evaluate))
-    assert p.calls == SHAPE.parts * s.intervals * function_stages
+    assert p.calls == SHAPE.parts * s.intervals * per_interval
     bill = p.billed_gb_s * DEFAULT_PRICES.lambda_gb_s_usd["x86_64"] + p.calls * DEFAULT_PRICES.lambda_request_usd
     assert p.cost_by_component_usd["functions"] == pytest.approx(bill)
     # Billed time excludes the invoke latency and is at least a millisecond per call.
@@ -127,16 +130,14 @@ def test_lambda_calls_and_their_bill():
 
 def test_a_call_waits_two_round_trips_whatever_it_moves():
     """Pulls go out together, then pushes together (lambdas.handler), so a call with weights and
-    a gradient waits as many round trips as one without."""
-    s = setup(backend="lambda", functions=1)  # two waves per stage
-    _, plan = model_plan(SHAPE, s)
+    a gradient waits as many round trips as one without; a stage on the graph server (BIAS) waits
+    for its weights alone."""
+    s = setup(backend="lambda", functions=1, server_stage_ops=0)  # two waves per stage
     slow_link = [dataclasses.replace(CAL, round_trip_s=rtt) for rtt in (1.0, 2.0)]
     near, far = (local(s, cal) for cal in slow_link)
-    for pass_, stages in (("", plan.train), ("_eval", plan.evaluate)):
-        for task in {st.task for st in stages if st.kind == "function"}:
-            count = sum(st.task == task and st.kind == "function" for st in stages)
-            key = f"{task.lower()}{pass_}_s"
-            assert far.task_s[key] - near.task_s[key] == pytest.approx(count * 2 * 2 * 1.0), key
+    calls = {"av_s": 2, "av_loss_s": 2, "av_bwd_s": 2, "av_eval_s": 2, "av_loss_eval_s": 2, "bias_s": 1, "bias_eval_s": 1}
+    for key, round_trips in calls.items():
+        assert far.task_s[key] - near.task_s[key] == pytest.approx(2 * round_trips * 1.0), key
 
 
 def test_fewer_concurrent_calls_take_more_waves():
