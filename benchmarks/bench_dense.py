@@ -22,6 +22,10 @@ medians over the timed epochs; the ratios the issue asks about are printed under
     python benchmarks/bench_dense.py
     python benchmarks/bench_dense.py --nodes 50000 --edges 1000000 --features 128 --epochs 10
 
+``--rounds R`` runs the systems in turn R times: each median is over every round, and each
+ratio is also given per round, whose two systems ran within a minute of each other (this
+benchmark's machine drifts by a third within minutes).
+
 Prints a table and writes ``benchmarks/results/dense-<nodes>-<edges>.json`` (``--output``). For
 Dorylus's distributed systems the table also gives per timed epoch (medians) the stage calls the
 graph servers made (``calls``), how many of them were function invocations (``invocations``,
@@ -142,6 +146,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=2, help="epochs run first and dropped (default: 2)")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all; dgl and pyg when installed)")
+    parser.add_argument("--rounds", type=positive_int, default=1,
+                        help="run the systems in turn this many times; each system's median is over every "
+                             "round's timed epochs, and each ratio is also given per round (systems side by "
+                             "side within a minute), against a machine whose speed drifts (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="graph and model seed (default: 0)")
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON result path (default: benchmarks/results/dense-<nodes>-<edges>.json)")
@@ -160,37 +168,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     epochs = args.warmup + args.epochs
     config = TrainConfig(dataset=dataset.name, intervals=args.intervals, epochs=epochs + 1, eval_every=epochs + 1,
                          seed=args.seed, sparse_features="off")
-    rows = []
+    timed: dict[str, list[list[float]]] = {}  # system -> each round's timed epochs
+    counts: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-dense-") as workdir:
-        for system in systems:
-            if system in ("dgl", "pyg"):
-                if not available(system):
-                    print(f"  {system}: not installed, skipped", flush=True)
-                    continue
-                times = library_epochs(system, dataset, dataclasses.replace(config, epochs=epochs))
-            else:
-                backend, parts = {"reference": ("reference", None), "cpu-1": ("cpu", 1)}.get(system, (system, args.parts))
-                metrics = dorylus_epochs(backend, parts, dataset, config, Path(workdir))
-                times = [m["epoch_s"] for m in metrics]
-                counted = metrics[args.warmup:args.warmup + args.epochs]
-            timed = times[args.warmup:args.warmup + args.epochs]
-            row = {"system": system, "epoch_s_median": statistics.median(timed), "epoch_s": times}
-            if system not in ("dgl", "pyg", "reference"):
-                # Counts, robust where timings are not: stage calls the graph servers made, calls
-                # that were function invocations (billed), tensor bytes to and from functions.
-                row.update({k: statistics.median(m.get(k, 0) for m in counted) for k in ("calls", "invocations")})
-                row["function_mb"] = statistics.median(m.get("bytes", {}).get("functions", 0) for m in counted) / 1e6
-            rows.append(row)
-            print(f"  {system}: {row['epoch_s_median']:.3f} s/epoch (median)", flush=True)
+        for round_ in range(args.rounds):
+            for system in systems:
+                if system in ("dgl", "pyg"):
+                    if not available(system):
+                        if round_ == 0:
+                            print(f"  {system}: not installed, skipped", flush=True)
+                        continue
+                    times = library_epochs(system, dataset, dataclasses.replace(config, epochs=epochs))
+                else:
+                    backend, parts = {"reference": ("reference", None), "cpu-1": ("cpu", 1)}.get(system, (system, args.parts))
+                    metrics = dorylus_epochs(backend, parts, dataset, config, Path(workdir) / f"round-{round_}")
+                    times = [m["epoch_s"] for m in metrics]
+                    counted = metrics[args.warmup:args.warmup + args.epochs]
+                    if system != "reference":
+                        # Counts, robust where timings are not: stage calls the graph servers made, calls
+                        # that were function invocations (billed), tensor bytes to and from functions.
+                        counts[system] = {k: statistics.median(m.get(k, 0) for m in counted)
+                                          for k in ("calls", "invocations")}
+                        counts[system]["function_mb"] = statistics.median(
+                            m.get("bytes", {}).get("functions", 0) for m in counted) / 1e6
+                timed.setdefault(system, []).append(times[args.warmup:args.warmup + args.epochs])
+                print(f"  {system}: {statistics.median(timed[system][-1]):.3f} s/epoch (median"
+                      + (f", round {round_ + 1})" if args.rounds > 1 else ")"), flush=True)
+    rows = [{"system": system, "epoch_s_median": statistics.median(t for r in rounds for t in r),
+             "epoch_s": rounds if args.rounds > 1 else rounds[0], **counts.get(system, {})}
+            for system, rounds in timed.items()]
     load_after = os.getloadavg()
     by = {r["system"]: r["epoch_s_median"] for r in rows}
-    ratios = {}
-    if "lambda" in by and "cpu" in by:
-        ratios["lambda_over_cpu"] = by["lambda"] / by["cpu"]
-    if "cpu-1" in by and "dgl" in by:
-        ratios["cpu1_over_dgl"] = by["cpu-1"] / by["dgl"]
-    if "cpu-1" in by and "pyg" in by:
-        ratios["cpu1_over_pyg"] = by["cpu-1"] / by["pyg"]
+    ratios, per_round = {}, {}
+    for name, (a, b) in {"lambda_over_cpu": ("lambda", "cpu"), "cpu1_over_dgl": ("cpu-1", "dgl"),
+                         "cpu1_over_pyg": ("cpu-1", "pyg")}.items():
+        if a in by and b in by:
+            ratios[name] = by[a] / by[b]
+            per_round[name] = [statistics.median(x) / statistics.median(y) for x, y in zip(timed[a], timed[b])]
 
     print()
     print(f"{'system':<10} {'s/epoch (median)':>16} {'calls':>6} {'invocations':>11} {'function MB':>11}  (per epoch)")
@@ -198,11 +212,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         counts = (f" {r['calls']:6g} {r['invocations']:11g} {r['function_mb']:11.1f}" if "calls" in r else "")
         print(f"{r['system']:<10} {r['epoch_s_median']:16.3f}{counts}")
     for name, ratio in ratios.items():
-        print(f"{name}: {ratio:.2f}")
+        print(f"{name}: {ratio:.2f}" + (f" (per round: {', '.join(f'{r:.2f}' for r in per_round[name])})"
+                                        if args.rounds > 1 else ""))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} ({os.cpu_count()} cpus)")
     result = {"benchmark": "dense", "nodes": args.nodes, "edges": args.edges, "features": args.features,
               "classes": args.classes, "parts": args.parts, "intervals": args.intervals,
-              "warmup_epochs": args.warmup, "timed_epochs": args.epochs,
+              "warmup_epochs": args.warmup, "timed_epochs": args.epochs, "rounds": args.rounds,
+              "ratios_per_round": per_round,
               "timed": "one training step (no evaluation pass); median over the timed epochs",
               "systems": rows, "ratios": ratios, "machine": machine_info(load_before, load_after),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
