@@ -24,6 +24,8 @@ def stage_cost(model: str, task: str, args: dict[str, Any], layer, rows: float, 
     stage's (or a call's event's): the model module's ``stage_work`` with the layer input's
     preparation priced as the stage runs it (dropout's mask regenerated while training, else the
     activation alone). None for a task the model gives no formula."""
+    # Not at the top: the CLI imports this package (MODELS) before its Ctrl-C handling is in place,
+    # so it must not load numpy (tests/test_cli_errors.py).
     from dorylus.models.base import Work
 
     dropout = training and float(args.get("dropout", 0.0)) > 0

@@ -405,9 +405,9 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
             elif stage.kind == "vertex":
                 seconds = task_work(stage, layer, n, training, setup.model).seconds(env.server)
                 graph = True
-            elif functions and not setup.runs.stage_on_server(task_work(stage, layer, rows, training, setup.model),
-                                                             stage.grad and training, setup.server_stage_ops):
-                work = task_work(stage, layer, rows, training, setup.model)
+            elif functions and not setup.runs.stage_on_server(
+                    work := task_work(stage, layer, rows, training, setup.model), stage.grad and training,
+                    setup.server_stage_ops):
                 moved = call_bytes(stage, weight_sizes[stage.layer], plan.widths, shape.features, rows, training,
                                    setup.static_cached)
                 call = (env.invoke_s + env.call_s + CALL_ROUND_TRIPS * env.round_trip_s
@@ -416,7 +416,8 @@ def predict(shape: Shape, setup: Setup, env: Environment, prices: PriceTable = D
                 calls += I * shape.parts
                 billed_s += I * shape.parts * max(0.001, math.ceil((call - env.invoke_s) * 1000) / 1000)
                 graph = False
-            else:  # the model's compute in the graph server (cpu, gpu, lambda's small stages); weights and gradient over the network
+            else:  # the model's compute in the graph server (cpu, gpu, lambda's small stages); weights and
+                # gradient over the network
                 messages = (1 if stage.weights else 0) + (1 if stage.grad and training else 0)
                 seconds = (task_work(stage, layer, n, training, setup.model).seconds(env.server)
                            + waves * messages * env.round_trip_s)

@@ -268,11 +268,9 @@ class LambdaBackend(LimitedBackend):
         if key not in self._on_server:
             work = stage_cost(event["model"], event["task"], event["args"], spec.layers[event["layer"]], stop - start,
                               event["pass"] == "train")
-            if work is None:  # no formula: nothing says it is small
-                self._on_server[key] = False
-                return False
-            small = getattr(self.server.config, "server_stage_ops", SERVER_STAGE_OPS)
-            self._on_server[key] = self.stage_on_server(work, bool(event["grad"]), small)
+            # no formula: nothing says it is small
+            self._on_server[key] = work is not None and self.stage_on_server(
+                work, bool(event["grad"]), self.server.config.server_stage_ops)
         return self._on_server[key]
 
     async def execute(self, event: dict[str, Any], priority: tuple) -> dict[str, Any]:
