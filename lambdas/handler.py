@@ -259,10 +259,14 @@ def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, An
                                    version=meta["version"], attempt=int(event.get("attempt", 0)),
                                    names=tuple(result.grads)), list(result.grads.values()))
     meta.update(result.meta)
-    pushed = graph.send(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
+    # A stage that writes no rows (layer 0's backward) has nothing to push: its meta travels in the
+    # invoke's answer, whose success says the gradient was acknowledged.
+    pushed = (graph.send(task_header(Op.PUSH, event, names=tuple(event["writes"]), meta=meta), result.rows)
+              if event["writes"] else None)
     if grads is not None:
         grads.reply()
-    pushed.reply()
+    if pushed is not None:
+        pushed.reply()
     return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
 
 

@@ -26,7 +26,9 @@ either without the other; relaunches and the fallback settle both:
 A call's result arrives as the function's PUSH to the graph server, which resolves the call's
 future (:meth:`LambdaBackend.awaiting`); the call's own future resolves with that result once
 the invoke has returned too, because the function pushes its rows and its gradient at once and
-only the invoke's success says that the parameter server acknowledged the gradient.
+only the invoke's success says that the parameter server acknowledged the gradient. A stage
+that writes no rows (layer 0's backward) pushes nothing to the graph server: its result (the
+weights' version, the loss stage's counts) is the invoke's answer, one round trip less a call.
 
 A stage that is not worth an invoke runs on this graph server through the same cpu code path,
 its weights pulled from (and any gradient pushed to) the parameter server as a function's would
@@ -58,6 +60,8 @@ from dorylus.models.base import Work
 from graphserver.backends import LimitedBackend, LocalServices, call_key
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
 
+# The keys of a function's answer that name its call; the rest is the call's result (lambdas/handler.py).
+_ANSWER_ID = ("task", "interval", "epoch", "layer")
 logger = logging.getLogger(__name__)
 
 # A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
@@ -283,11 +287,14 @@ class LambdaBackend(LimitedBackend):
         pushed = self._pushes[key] = asyncio.get_running_loop().create_future()
         try:
             try:
-                await self.invoker.invoke(event, priority)
+                answer = await self.invoker.invoke(event, priority)
             except AttemptsExhausted as exc:
                 if self.server is None:
                     raise
                 await self._fallback(event, exc, pushed)
+            else:
+                if not pushed.done() and not event["writes"]:  # nothing to push: the answer has the meta
+                    pushed.set_result({k: v for k, v in (answer or {}).items() if k not in _ANSWER_ID})
             if not pushed.done():
                 raise TaskFailed(f"{describe(event)}: the function returned without pushing its result")
             return pushed.result()

@@ -412,7 +412,7 @@ def _lambda_backend():
     return LambdaBackend(config, concurrency=1, endpoint_url="http://127.0.0.1:9", function_name="f")
 
 
-EVENT = {"task": "AV", "layer": 0, "epoch": 3, "interval": 1, "pass": "train", "part": 0}
+EVENT = {"task": "AV", "layer": 0, "epoch": 3, "interval": 1, "pass": "train", "part": 0, "writes": ["P0"]}
 
 
 def test_a_lambda_call_resolves_with_the_result_its_function_pushed():
@@ -452,6 +452,27 @@ def test_a_lambda_call_whose_function_did_not_push_fails():
 
     with pytest.raises(TaskFailed, match="AV interval 1 epoch 3 layer 0 .*returned without pushing"):
         asyncio.run(main())
+
+
+def test_a_lambda_call_that_writes_no_rows_resolves_with_its_answer():
+    """Layer 0's backward writes no rows: its function pushes nothing to the graph server, and
+    the call's result is the invoke's answer without the keys that name the call."""
+    backend = _lambda_backend()
+    event = {**EVENT, "task": "AV_BWD", "writes": []}
+
+    async def invoke(event, priority=()):
+        return {"task": "AV_BWD", "interval": 1, "epoch": 3, "layer": 0, "version": 2, "weight_lag": 1}
+
+    backend.invoker.invoke = invoke
+
+    async def main():
+        try:
+            return await backend.run(event, ())
+        finally:
+            await backend.close()
+
+    assert asyncio.run(main()) == {"version": 2, "weight_lag": 1}
+    assert backend.awaiting(call_key(event)) is None
 
 
 def test_a_push_for_no_call_in_progress_is_a_duplicate():
