@@ -49,6 +49,10 @@ ERROR          server -> any           code, message                            
 * PULL_WEIGHTS without ``version`` asks for the newest weights and pins that version under the
   stash key ``(layer, epoch, interval)``; with ``version`` (backward pass) it asks for exactly
   that stashed version. The reply's ``version`` says which one was sent.
+* PULL with ``meta={"sums": "a,b"}``: for each of those comma-separated names (row buffers among
+  ``names``: a stage's ``summed`` reads, :class:`dorylus.models.base.Stage`) the ROWS reply
+  (whose ``meta`` repeats ``sums``) carries the float32 sum of the rows, ``[1, width]``, instead
+  of the rows.
 * GHOSTS: ``task`` is ``SC`` (forward activation rows) or ``SC_BWD`` (gradient rows), ``part``
   is the sending partition and ``rows`` the range inside the receiver's ghost block from it.
 * ``req`` is a request id chosen by the requester and copied into the reply (:func:`reply_to`),
@@ -471,6 +475,8 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
         want = str(expected[0]) if expected[0] == expected[1] else f"{expected[0]}..{expected[1]}"
         _fail("tensor_count", f"{op.value} carries {want} tensor(s), header lists {n}", req)
     roles = _tensor_roles(header) if spec.tensors_per_name else [("", ROWS_ROLE)] * n
+    sums = header.meta.get("sums")
+    summed = set(sums.split(",")) if isinstance(sums, str) and sums and header.op is Op.ROWS else set()
     specs = []
     for i, entry in enumerate(t):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
@@ -489,8 +495,10 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
             _check_csr_spec(header, name, role, dtype_name, shape, specs, req)
         elif spec.row_tensors:
             start, stop = header.rows  # required for every row_tensors op
-            if shape[0] != stop - start:
-                _fail("row_count", f"tensor {i} has {shape[0]} rows, range [{start}, {stop}) has {stop - start}", req)
+            want = 1 if name in summed else stop - start  # a sum of the range's rows is one row
+            if shape[0] != want:
+                _fail("row_count", f"tensor {i} has {shape[0]} rows, range [{start}, {stop}) has {stop - start}"
+                      + (" (a sum: 1)" if name in summed else ""), req)
         specs.append((DTYPES[dtype_name], tuple(shape)))
     return header, specs, doc_bytes
 
@@ -794,7 +802,8 @@ def rows_reply(request: Header, rows: Sequence[Any]) -> tuple[Header, list[np.nd
             tensors += [block.data, block.indices, block.indptr]
         else:
             tensors.append(block)
-    return reply_to(request, Op.ROWS, csr=csr), tensors
+    sums = {"sums": request.meta["sums"]} if request.meta.get("sums") else {}
+    return reply_to(request, Op.ROWS, csr=csr, meta=sums), tensors
 
 
 def named_rows(header: Header, tensors: Sequence[np.ndarray]) -> list[np.ndarray | CsrRows]:

@@ -298,12 +298,21 @@ class GraphServer:
     # ------------------------------------------------------------------ rows in and out
 
     def _read_rows(self, header: Header) -> list:
-        """The rows of ``header.names``: arrays, or ``SparseRows`` for sparse features (sent as CSR)."""
+        """The rows of ``header.names``: arrays, or ``SparseRows`` for sparse features (sent as CSR);
+        for a name in the PULL's ``meta["sums"]`` (comma-separated: a stage's ``summed`` reads), the
+        float32 sum of its rows, ``[1, width]``."""
         start, stop = header.rows
         unknown = [n for n in header.names if n not in self.state.static and n not in self.state.buffers]
         if unknown:
             raise ProtocolError("bad_field", f"unknown tensor name(s) {unknown}", req=header.req)
-        return [self.state.host_rows(name, start, stop) for name in header.names]
+        sums = header.meta.get("sums", "")
+        sums = sums.split(",") if isinstance(sums, str) and sums else sums
+        if sums and (not isinstance(sums, list)
+                     or any(n not in header.names or n not in self.state.buffers for n in sums)):
+            raise ProtocolError("bad_field", f"PULL sums must name row buffers among its names {list(header.names)}, "
+                                f"got {header.meta['sums']!r}", req=header.req)
+        return [self.state.host_rows(name, start, stop).sum(0, keepdims=True) if name in sums
+                else self.state.host_rows(name, start, stop) for name in header.names]
 
     def _accept_push(self, header: Header, tensors: list[np.ndarray]) -> bool:
         """A function's result rows; True if it was a duplicate (or for no known stage) and dropped."""
@@ -508,7 +517,8 @@ class GraphServer:
         start, stop = self.state.intervals[interval]
         return {
             "model": self.config.model, "task": stage.task, "layer": stage.layer, "reads": list(stage.reads),
-            "writes": list(stage.writes), "weights": stage.weights, "grad": stage.grad and pass_ == "train",
+            "writes": list(stage.writes), "summed": list(stage.summed), "weights": stage.weights,
+            "grad": stage.grad and pass_ == "train",
             "args": self.stage_args(stage, pass_, epoch),
             "graph_server": self.advertised, "param_server": self.param_server_advertised, "part": self.part_id,
             "interval": interval, "rows": [start, stop], "epoch": epoch, "pass": pass_, "attempt": 0,

@@ -93,6 +93,10 @@ class Stage:
     # GATHER_BACKWARD only: its matrix is the transpose of one that is symmetric on an undirected
     # graph (A_hat, A + I), so there it is the forward ``gather`` of its one input (see below).
     symmetric: bool = False
+    # FUNCTION only: reads that ``compute`` uses only through their sum over the interval's rows
+    # (a bias gradient, ``db = sum dY``). A function pulls that one row, ``[1, width]``, instead of
+    # the interval's rows; ``compute`` takes either and must give the same result for both.
+    summed: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:

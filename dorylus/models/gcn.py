@@ -16,7 +16,7 @@ BIAS    f   G_l -> Y_l = G_l + b_l            AV      f  Z_l -> Y_l = Z_l W_l + 
  the logits G_l + b_l, instead of BIAS)                  dW_l, db_l
 backward:                                     backward:
 GA_BWD  g   dY_l -> dP_l = A_hat^T dY_l       AV_BWD  f  Z_l, dY_l -> dW_l, db_l,
-AV_BWD  f   dP_l, dY_l, src, ids -> dW_l,                dZ_l = dY_l W_l^T
+AV_BWD  f   dP_l, sum dY_l, src, ids -> dW_l,            dZ_l = dY_l W_l^T
             db_l = sum dY_l, dY_{l-1} (l > 0) GA_BWD  g  dZ_l -> dH_l = A_hat^T dZ_l
                                               PREP_BWD v dH_l, src, ids -> dY_{l-1} (l > 0)
 
@@ -79,7 +79,7 @@ def build_plan(spec: ModelSpec) -> Plan:
                 forward.append(Stage(FUNCTION, "BIAS", l, (f"G{l}",), (f"Y{l}",), PIN))
             backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}",), (f"dP{l}",), symmetric=True),
                             Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dY{l}", src, "ids"), grad_src, STASH,
-                                  grad=True, args=args)]
+                                  grad=True, args=args, summed=(f"dY{l}",))]
         else:
             widths.update({f"H{l}": layer.in_dim, f"Z{l}": layer.in_dim, f"dZ{l}": layer.in_dim,
                            f"dH{l}": layer.in_dim, f"Y{l}": layer.out_dim, f"dY{l}": layer.out_dim})
@@ -174,7 +174,8 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
         if args["project_first"]:
             grad_p, grad_y, src, ids = rows
             grad_p = ops.check_shape(grad_p, "grad", (src.shape[0], w.shape[1]))
-            grad_y = ops.check_shape(grad_y, "dY", (src.shape[0], w.shape[1]))
+            # dY's rows, or their sum (the stage's ``summed``: a function pulls one row)
+            grad_y = ops.check_shape(grad_y, "dY", (src.shape[0] if grad_y.shape[0] != 1 else 1, w.shape[1]))
             out = [ops.prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
             return Result(out, grads={"weight": ops.project_grad(src, ids, key, p, act, grad_p),
                                       "bias": grad_y.sum(0)})

@@ -260,11 +260,13 @@ def call_bytes(stage, weight_size: int, widths: dict[str, int], features: int, r
     """Bytes one function call of ``stage`` on ``rows`` rows moves: its input rows (static ones
     unless cached: a warm function keeps them when it serves the same interval again, which
     happens for a ``static_cached`` share of calls) and output rows, the layer's weights
-    (``weight_size`` floats), and its gradient."""
+    (``weight_size`` floats), and its gradient. A ``summed`` read moves one row."""
     moved = sum(row_bytes(name, widths, features) * (1 - static_cached if name in STATIC_ROWS else 1)
-                for name in (*stage.reads, *stage.writes))
+                for name in (*stage.reads, *stage.writes) if name not in stage.summed)
+    summed = sum(row_bytes(name, widths, features) for name in stage.summed)
     weights = FLOAT * weight_size
-    return rows * moved + (weights if stage.weights else 0) + (weights if stage.grad and training else 0)
+    return (rows * moved + summed + (weights if stage.weights else 0)
+            + (weights if stage.grad and training else 0))
 
 
 # --------------------------------------------------------------------------- the epoch

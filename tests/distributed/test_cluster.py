@@ -113,6 +113,11 @@ def _ask(endpoint: str, header: Header, tensors=()) -> Header:
     (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=7, rows=(0, 1), names=("Z",)), [], "out_of_range"),
     (Header(Op.PULL, task="AV", epoch=1, layer=0, interval=0, rows=(0, 1), names=("secret",)), [], "bad_field"),
     (Header(Op.PULL, task="AV", epoch=1, layer=5, interval=0, rows=(0, 1), names=("Z",)), [], "out_of_range"),
+    # sums only of row buffers the PULL names
+    (Header(Op.PULL, task="AV_BWD", epoch=1, layer=0, interval=0, rows=(0, 1), names=("ids",), meta={"sums": "ids"}),
+     [], "bad_field"),
+    (Header(Op.PULL, task="AV_BWD", epoch=1, layer=0, interval=0, rows=(0, 1), names=("dP0",), meta={"sums": "dY0"}),
+     [], "bad_field"),
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=0, rows=(0, 1)), [np.zeros((1, 4), np.float32)],
      "out_of_range"),  # a server's own part id
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), meta={"pass": "bogus"}),

@@ -504,3 +504,31 @@ def test_bytes_per_edge_of_a_hand_built_part():
     assert fig["total_bytes"] == sum(v for k, v in fig["bytes"].items() if k != "ghost_rows")
     assert fig["total_per_edge"] == fig["total_bytes"] / 8
     assert "B per entry" in format_memory(fig)
+
+
+def test_a_pull_of_sums_answers_one_row_per_summed_name():
+    """A function's PULL with ``meta["sums"]`` (a stage's ``summed`` reads, the bias gradient's
+    dY) gets the float32 sum of the interval's rows of those names, one row each, and the rows of
+    the others; the ROWS reply says which are sums, and decodes with one row for them."""
+    from types import SimpleNamespace
+
+    from dorylus import protocol
+    from dorylus.protocol import Header, Op
+    from graphserver.server import GraphServer
+
+    rng = np.random.default_rng(3)
+    buffers = {"dP0": rng.standard_normal((9, 4)).astype(np.float32),
+               "dY0": rng.standard_normal((9, 4)).astype(np.float32)}
+    state = SimpleNamespace(static={}, buffers=buffers, host_rows=lambda name, a, b: buffers[name][a:b])
+    fake = SimpleNamespace(state=state)
+    pull = Header(Op.PULL, task="AV_BWD", epoch=1, layer=0, interval=1, rows=(3, 8), names=("dP0", "dY0"),
+                  meta={"sums": "dY0"})
+    rows = GraphServer._read_rows(fake, pull)
+    np.testing.assert_array_equal(rows[0], buffers["dP0"][3:8])
+    assert rows[1].shape == (1, 4) and rows[1].dtype == np.float32
+    np.testing.assert_allclose(rows[1][0], buffers["dY0"][3:8].astype(np.float64).sum(0), rtol=1e-6, atol=1e-6)
+    header, tensors = protocol.decode(protocol.encode(*protocol.rows_reply(pull, rows)))
+    assert header.meta["sums"] == "dY0" and [t.shape for t in tensors] == [(5, 4), (1, 4)]
+    with pytest.raises(protocol.ProtocolError, match="row_count"):  # a sum must be one row
+        protocol.decode(protocol.encode(protocol.reply_to(pull, Op.ROWS, meta={"sums": "dY0"}),
+                                        [rows[0], buffers["dY0"][3:8]]))

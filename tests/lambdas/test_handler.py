@@ -111,8 +111,10 @@ class FakeServers:
         if header.op in self.refuse:
             reply, out = Header(Op.ERROR, req=header.req, code="bad_field", message="refused by the test"), []
         elif who == "graph" and header.op is Op.PULL:
-            start, stop = header.rows  # as the graph server answers: sparse rows go as CSR
-            reply, out = protocol.rows_reply(header, [self.buffers[n][start:stop] for n in header.names])
+            start, stop = header.rows  # as the graph server answers: sparse rows go as CSR, sums as one row
+            sums = header.meta.get("sums", "").split(",")
+            reply, out = protocol.rows_reply(header, [self.buffers[n][start:stop].sum(0, keepdims=True) if n in sums
+                                                      else self.buffers[n][start:stop] for n in header.names])
         elif who == "graph" and header.op is Op.PUSH:
             reply, out = protocol.reply_to(header, Op.ACK, meta={"duplicate": False}), []
         elif who == "params" and header.op is Op.PULL_WEIGHTS:
@@ -228,6 +230,8 @@ def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[st
     if expected_pull:
         pull, _ = by_op[Op.PULL]
         assert list(pull.names) == expected_pull
+        # reads used only through their sum (the bias gradient's dY) come as one row
+        assert pull.meta.get("sums", "") == ",".join(n for n in expected_pull if n in stage.summed)
         assert (pull.task, pull.rows, pull.meta["pass"]) == (stage.task, (start, stop), event["pass"])
         assert {k: getattr(pull, k) for k in ident} == ident
 

@@ -128,6 +128,23 @@ def test_lambda_calls_and_their_bill(server_stage_ops, per_interval):
     assert p.billed_gb_s >= p.calls * 0.001 * s.lambda_memory_mb / 1024
 
 
+def test_a_summed_read_moves_one_row_per_call():
+    """GCN's project-first AV_BWD uses dY only for the bias gradient: its function pulls dY's sum,
+    one row, so dY adds its width once per call, not per row (dorylus.models.base.Stage.summed)."""
+    from dorylus.config import TrainConfig
+    from dorylus.models.gcn import build_plan
+    from dorylus.models.spec import ModelSpec
+    from dorylus.plan.model import call_bytes, row_bytes
+
+    plan = build_plan(ModelSpec.from_config(TrainConfig(model="gcn", hidden=16), 128, 8))
+    av_bwd = next(st for st in plan.train if st.key == ("AV_BWD", 0))
+    assert av_bwd.summed == ("dY0",)
+    per_row = sum(row_bytes(n, plan.widths, 128) for n in av_bwd.reads if n != "dY0")
+    one, two = (call_bytes(av_bwd, 0, plan.widths, 128, rows, True) for rows in (1000, 2000))
+    assert two - one == pytest.approx(1000 * per_row)
+    assert one == pytest.approx(1000 * per_row + 4 * plan.widths["dY0"])
+
+
 def test_a_call_waits_two_round_trips_whatever_it_moves():
     """Pulls go out together, then pushes together (lambdas.handler), so a call with weights and
     a gradient waits as many round trips as one without; a stage on the graph server (BIAS) waits
