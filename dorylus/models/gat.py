@@ -29,8 +29,8 @@ forward                                        backward
 AV   f  src, ids -> P_l, E_l                   GA_BWD g  dY_l, P_l, E_l -> dP_l, dE_l
 GA   g  P_l, E_l -> G_l (edge softmax, sum)    AV_BWD f  dP_l, dE_l, dY_l, src, ids -> the
 BIAS f  G_l -> Y_l = G_l + b_l                           gradients of weight, att_src, att_dst
-(last: LOSS f  G_l, labels, split -> dY_l,               and bias (sum dY_l), dY_{l-1} (l > 0)
- the logits G_l + b_l, instead of BIAS)
+(last: LOSS f  G_l, labels, split -> dY_l,               and bias (sum dY_l, pulled as its sum),
+ the logits G_l + b_l, instead of BIAS)                  dY_{l-1} (l > 0)
 
 The vertex functions are torch-free numpy (this module ships in the Lambda bundle); the Gather
 functions use torch's kernels and run on graph servers only.
@@ -86,7 +86,8 @@ def build_plan(spec: ModelSpec) -> Plan:
         backward[:0] = [Stage(GATHER_BACKWARD, "GA_BWD", l, (f"dY{l}", f"P{l}", f"E{l}"), (f"dP{l}", f"dE{l}"),
                               args=edge_args),
                         Stage(FUNCTION, "AV_BWD", l, (f"dP{l}", f"dE{l}", f"dY{l}", src, "ids"),
-                              () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args)]
+                              () if l == 0 else (f"dY{l - 1}",), STASH, grad=True, args=args,
+                              summed=(f"dY{l}",))]  # dY: the bias gradient alone
     return Plan.of(forward, backward, widths)
 
 
@@ -179,7 +180,8 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
         n = h.shape[0]
         grad_p = ops.check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
         grad_e = ops.check_shape(grad_e, "dE", (n, 2 * heads))
-        grad_y = ops.check_shape(grad_y, "dY", (n, bias.shape[0]))
+        # dY's rows, or their sum (the stage's ``summed``: a function pulls one row)
+        grad_y = ops.check_shape(grad_y, "dY", (n if grad_y.shape[0] != 1 else 1, bias.shape[0]))
         per_head = (h @ weight).reshape(n, heads, width)
         # s_dst = P·a_dst and s_src = P·a_src feed back into P and into the attention vectors.
         grad_dst, grad_src = grad_e[:, :heads, None], grad_e[:, heads:, None]
