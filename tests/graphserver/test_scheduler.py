@@ -415,6 +415,17 @@ def _lambda_backend():
 EVENT = {"task": "AV", "layer": 0, "epoch": 3, "interval": 1, "pass": "train", "part": 0, "writes": ["P0"]}
 
 
+def _call(backend, event):
+    """``backend.run(event)``'s result, the backend closed after it."""
+    async def main():
+        try:
+            return await backend.run(event, ())
+        finally:
+            await backend.close()
+
+    return asyncio.run(main())
+
+
 def test_a_lambda_call_resolves_with_the_result_its_function_pushed():
     backend = _lambda_backend()
 
@@ -425,14 +436,7 @@ def test_a_lambda_call_resolves_with_the_result_its_function_pushed():
         return {}
 
     backend.invoker.invoke = invoke
-
-    async def main():
-        try:
-            return await backend.run(EVENT, ())
-        finally:
-            await backend.close()
-
-    assert asyncio.run(main()) == {"loss": 1.5}
+    assert _call(backend, EVENT) == {"loss": 1.5}
     assert backend.awaiting(call_key(EVENT)) is None  # nothing awaits after the call
 
 
@@ -443,15 +447,8 @@ def test_a_lambda_call_whose_function_did_not_push_fails():
         return {}
 
     backend.invoker.invoke = invoke
-
-    async def main():
-        try:
-            await backend.run(EVENT, ())
-        finally:
-            await backend.close()
-
     with pytest.raises(TaskFailed, match="AV interval 1 epoch 3 layer 0 .*returned without pushing"):
-        asyncio.run(main())
+        _call(backend, EVENT)
 
 
 def test_a_lambda_call_that_writes_no_rows_resolves_with_its_answer():
@@ -464,14 +461,7 @@ def test_a_lambda_call_that_writes_no_rows_resolves_with_its_answer():
         return {"task": "AV_BWD", "interval": 1, "epoch": 3, "layer": 0, "version": 2, "weight_lag": 1}
 
     backend.invoker.invoke = invoke
-
-    async def main():
-        try:
-            return await backend.run(event, ())
-        finally:
-            await backend.close()
-
-    assert asyncio.run(main()) == {"version": 2, "weight_lag": 1}
+    assert _call(backend, event) == {"version": 2, "weight_lag": 1}
     assert backend.awaiting(call_key(event)) is None
 
 
