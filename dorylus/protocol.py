@@ -475,8 +475,7 @@ def _header_from_wire(d: dict[str, Any]) -> tuple[Header, list[tuple[np.dtype, t
         want = str(expected[0]) if expected[0] == expected[1] else f"{expected[0]}..{expected[1]}"
         _fail("tensor_count", f"{op.value} carries {want} tensor(s), header lists {n}", req)
     roles = _tensor_roles(header) if spec.tensors_per_name else [("", ROWS_ROLE)] * n
-    sums = header.meta.get("sums")
-    summed = set(sums.split(",")) if isinstance(sums, str) and sums and header.op is Op.ROWS else set()
+    summed = set(summed_names(header)) if header.op is Op.ROWS else set()
     specs = []
     for i, entry in enumerate(t):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
@@ -804,6 +803,15 @@ def rows_reply(request: Header, rows: Sequence[Any]) -> tuple[Header, list[np.nd
             tensors.append(block)
     sums = {"sums": request.meta["sums"]} if request.meta.get("sums") else {}
     return reply_to(request, Op.ROWS, csr=csr, meta=sums), tensors
+
+
+def summed_names(header: Header) -> list[str]:
+    """The names whose rows a PULL asks for, or a ROWS carries, as their sum (``meta["sums"]``,
+    comma-separated; see "Messages"). A ``sums`` that is not a string is refused as ``bad_field``."""
+    sums = header.meta.get("sums", "")
+    if not isinstance(sums, str):
+        raise ProtocolError("bad_field", f"meta sums must be comma-separated names, got {sums!r:.40}", req=header.req)
+    return sums.split(",") if sums else []
 
 
 def named_rows(header: Header, tensors: Sequence[np.ndarray]) -> list[np.ndarray | CsrRows]:

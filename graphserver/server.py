@@ -305,10 +305,8 @@ class GraphServer:
         unknown = [n for n in header.names if n not in self.state.static and n not in self.state.buffers]
         if unknown:
             raise ProtocolError("bad_field", f"unknown tensor name(s) {unknown}", req=header.req)
-        sums = header.meta.get("sums", "")
-        sums = sums.split(",") if isinstance(sums, str) and sums else sums
-        if sums and (not isinstance(sums, list)
-                     or any(n not in header.names or n not in self.state.buffers for n in sums)):
+        sums = protocol.summed_names(header)
+        if any(n not in header.names or n not in self.state.buffers for n in sums):
             raise ProtocolError("bad_field", f"PULL sums must name row buffers among its names {list(header.names)}, "
                                 f"got {header.meta['sums']!r}", req=header.req)
         return [self.state.host_rows(name, start, stop).sum(0, keepdims=True) if name in sums

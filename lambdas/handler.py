@@ -156,8 +156,8 @@ def _pull_rows(event: dict[str, Any], graph: _Peer) -> Callable[[], list[np.ndar
     block = int(event.get("static_rows_per_pull") or 0)
     in_blocks = [n for n in missing if n in STATIC] if 0 < block < stop - start else []
     whole = [n for n in missing if n not in in_blocks]
-    sums = [n for n in event.get("summed", ()) if n in whole]  # one row each, not the interval's
-    pending = (graph.send(task_header(Op.PULL, event, names=tuple(whole), meta={"sums": ",".join(sums)} if sums else {}))
+    sums = ",".join(n for n in event.get("summed", ()) if n in whole)  # one row each, not the interval's
+    pending = (graph.send(task_header(Op.PULL, event, names=tuple(whole), meta={"sums": sums} if sums else {}))
                if whole else None)
     first = (graph.send(task_header(Op.PULL, event, (start, start + block), names=tuple(in_blocks)))
              if in_blocks else None)

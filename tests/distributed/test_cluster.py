@@ -118,6 +118,8 @@ def _ask(endpoint: str, header: Header, tensors=()) -> Header:
      [], "bad_field"),
     (Header(Op.PULL, task="AV_BWD", epoch=1, layer=0, interval=0, rows=(0, 1), names=("dP0",), meta={"sums": "dY0"}),
      [], "bad_field"),
+    (Header(Op.PULL, task="AV_BWD", epoch=1, layer=0, interval=0, rows=(0, 1), names=("dY0",), meta={"sums": 5}),
+     [], "bad_field"),
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=0, rows=(0, 1)), [np.zeros((1, 4), np.float32)],
      "out_of_range"),  # a server's own part id
     (Header(Op.GHOSTS, task="SC", epoch=1, layer=1, part=1, rows=(0, 1), meta={"pass": "bogus"}),

@@ -112,7 +112,7 @@ class FakeServers:
             reply, out = Header(Op.ERROR, req=header.req, code="bad_field", message="refused by the test"), []
         elif who == "graph" and header.op is Op.PULL:
             start, stop = header.rows  # as the graph server answers: sparse rows go as CSR, sums as one row
-            sums = header.meta.get("sums", "").split(",")
+            sums = protocol.summed_names(header)
             reply, out = protocol.rows_reply(header, [self.buffers[n][start:stop].sum(0, keepdims=True) if n in sums
                                                       else self.buffers[n][start:stop] for n in header.names])
         elif who == "graph" and header.op is Op.PUSH:
