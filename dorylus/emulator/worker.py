@@ -23,7 +23,8 @@ whose level stays Python's default (WARNING) as in Lambda: a function that wants
 sets its logger's level.
 
 Timeouts and crashes are the server's business: it kills this process and starts another, the
-way Lambda discards a sandbox. Only the standard library is imported here, so a fresh worker
+way Lambda discards a sandbox. A worker whose server process is gone exits within a second,
+even in the middle of a call. Only the standard library is imported here, so a fresh worker
 starts fast.
 """
 
@@ -45,6 +46,7 @@ from typing import Any, Callable
 from dorylus.emulator.physics import cpu_stretch_s
 
 CRASH_EXIT_STATUS = 1  # what an injected crash exits with, like a runtime that died
+PARENT_GONE_EXIT_STATUS = 1  # a worker whose server died (no one reads it: the server is gone)
 HANG_GRACE_S = 5.0  # an injected hang outlives its deadline by this much (the server kills it)
 
 
@@ -212,9 +214,14 @@ def _run_handler(handler: Callable, event: Any, call: dict[str, Any]) -> Any:
 def worker_main(conn, code_dirs: tuple[str, ...] = ()) -> None:
     """Process entry point: serve calls from ``conn`` until ``None`` or the pipe closes.
     ``code_dirs`` go first on the import path, as a function's code directory does in Lambda."""
+    from dorylus.lifecycle import stop_with_parent
+
     sys.path[:0] = list(code_dirs)
     # Ctrl-C reaches the whole process group; the server decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A server killed outright closes the pipe, which ends an idle worker; a worker inside a call
+    # (a handler waiting up to minutes on servers that died with it) ends here, as its sandbox would.
+    stop_with_parent(lambda: os._exit(PARENT_GONE_EXIT_STATUS))
     handlers: dict[str, Callable] = {}
     try:
         conn.send(("ready", os.getpid()))

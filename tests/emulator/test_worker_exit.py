@@ -1,4 +1,6 @@
-"""Emulator workers whose server was SIGKILLed exit quietly, even with a call in flight."""
+"""Emulator workers whose server was SIGKILLed exit quietly, even with a call in flight: a
+short one (its reply meets a broken pipe) and one that would run for a minute (the worker's
+parent watch ends it)."""
 
 from __future__ import annotations
 
@@ -25,21 +27,22 @@ def test_workers_exit_quietly_when_the_server_is_killed(tmp_path):
     # A file, not a pipe: the orphaned workers inherit it and keep writing after the server died.
     with open(stderr, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "dorylus.cli", "lambda-emulator", "--port", "0", "--concurrency", "2",
+            [sys.executable, "-m", "dorylus.cli", "lambda-emulator", "--port", "0", "--concurrency", "3",
              "--function", f"sleep={H}:sleep", "--code-dir", CODE_DIR],
             stdout=subprocess.DEVNULL, stderr=err, text=True, cwd=REPO)
     try:
         wait_until(lambda: "listening on" in stderr.read_text(), timeout_s=60, what="the emulator's listening line")
         listening = stderr.read_text()
         url = re.search(r"http://\S+", listening).group(0)
-        workers = children_of(process.pid)  # the two workers (multiprocessing's resource tracker is left out)
-        assert len(workers) == 2, [cmdline(pid) for pid in workers]
-        # One worker busy in a call (its reply will meet a broken pipe), one idle in recv().
-        request = urllib.request.Request(f"{url}/2015-03-31/functions/sleep/invocations", method="POST",
-                                         data=json.dumps({"seconds": 1.0}).encode(),
-                                         headers={"X-Amz-Invocation-Type": "Event"})
-        assert urllib.request.urlopen(request, timeout=10).status == 202
-        time.sleep(0.3)  # let the call reach its worker
+        workers = children_of(process.pid)  # the three workers (multiprocessing's resource tracker is left out)
+        assert len(workers) == 3, [cmdline(pid) for pid in workers]
+        # Two workers busy in calls of 1 s and 60 s, one idle in recv().
+        for seconds in (1.0, 60.0):
+            request = urllib.request.Request(f"{url}/2015-03-31/functions/sleep/invocations", method="POST",
+                                             data=json.dumps({"seconds": seconds}).encode(),
+                                             headers={"X-Amz-Invocation-Type": "Event"})
+            assert urllib.request.urlopen(request, timeout=10).status == 202
+        time.sleep(0.3)  # let the calls reach their workers
         process.kill()
         process.wait(timeout=10)
         wait_until(lambda: not any(map(alive, workers)), timeout_s=20, what="the orphaned processes to exit")
