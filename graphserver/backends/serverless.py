@@ -235,7 +235,7 @@ class LambdaBackend(LimitedBackend):
         self._local = None
         self.fallback_calls = 0
         self.server_calls = 0  # stages run here instead of in a function (module docstring)
-        self._on_server: dict[tuple, bool] = {}  # (pass, task, layer) -> whether its stage runs here
+        self._on_server: dict[tuple, bool] = {}  # (pass, task, layer, rows) -> whether its stage runs here
         self._pushes: dict[tuple, asyncio.Future] = {}  # calls in progress -> their result, set by the first push
 
     @classmethod
