@@ -180,8 +180,7 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
         n = h.shape[0]
         grad_p = ops.check_shape(grad_p, "dP", (n, heads * width)).reshape(n, heads, width)
         grad_e = ops.check_shape(grad_e, "dE", (n, 2 * heads))
-        # dY's rows, or their sum (the stage's ``summed``: a function pulls one row)
-        grad_y = ops.check_shape(grad_y, "dY", (n if grad_y.shape[0] != 1 else 1, bias.shape[0]))
+        grad_y = ops.check_rows_or_sum(grad_y, "dY", n, bias.shape[0])
         per_head = (h @ weight).reshape(n, heads, width)
         # s_dst = P·a_dst and s_src = P·a_src feed back into P and into the attention vectors.
         grad_dst, grad_src = grad_e[:, :heads, None], grad_e[:, heads:, None]

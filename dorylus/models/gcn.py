@@ -174,8 +174,7 @@ def compute(task: str, layer: int, rows: Sequence[np.ndarray], params: dict | No
         if args["project_first"]:
             grad_p, grad_y, src, ids = rows
             grad_p = ops.check_shape(grad_p, "grad", (src.shape[0], w.shape[1]))
-            # dY's rows, or their sum (the stage's ``summed``: a function pulls one row)
-            grad_y = ops.check_shape(grad_y, "dY", (src.shape[0] if grad_y.shape[0] != 1 else 1, w.shape[1]))
+            grad_y = ops.check_rows_or_sum(grad_y, "dY", src.shape[0], w.shape[1])
             out = [ops.prepare_backward(grad_p @ w.T, src, ids, key, p, act)] if layer > 0 else []
             return Result(out, grads={"weight": ops.project_grad(src, ids, key, p, act, grad_p),
                                       "bias": grad_y.sum(0)})

@@ -350,6 +350,12 @@ def check_shape(x: np.ndarray, name: str, shape: tuple[int | None, int]) -> np.n
     return x
 
 
+def check_rows_or_sum(x: np.ndarray, name: str, rows: int, width: int) -> np.ndarray:
+    """``x`` as ``[rows, width]``, or as ``[1, width]``: the sum of those rows, which is what a
+    function pulls for a read its stage declares ``summed``."""
+    return check_shape(x, name, (1 if x.shape[0] == 1 else rows, width))
+
+
 def concat(parts: list[np.ndarray], axis: int) -> np.ndarray:
     return np.concatenate(parts, axis=axis)
 

@@ -151,11 +151,17 @@ def test_av_backward_project_first_matches_autograd(act_in, p, layer):
     (_t(a_hat) @ (_prepared(src_t, ids, layer, p, act_in) @ w_t) + b_t).backward(_t(grad_y))
 
     grad_p = (a_hat.T @ grad_y).astype(np.float32)
-    result = compute("AV_BWD", layer, [grad_p, grad_y, src, ids], params,
-                     _args(dropout=p, act_in=act_in, project_first=True))
+    args = _args(dropout=p, act_in=act_in, project_first=True)
+    result = compute("AV_BWD", layer, [grad_p, grad_y, src, ids], params, args)
     assert list(result.grads) == ["weight", "bias"]
     _close(result.grads["weight"], w_t.grad)
     _close(result.grads["bias"], b_t.grad)
+    # dY is the stage's ``summed`` read: a function pulls the one row of its sum instead
+    summed = compute("AV_BWD", layer, [grad_p, grad_y.sum(0, keepdims=True), src, ids], params, args)
+    _close(summed.grads["bias"], b_t.grad)
+    _close(summed.grads["weight"], w_t.grad)
+    with pytest.raises(ValueError, match=r"dY has shape \(2, 4\), expected \(9, 4\)"):
+        compute("AV_BWD", layer, [grad_p, grad_y[:2], src, ids], params, args)
     if layer == 0:  # no gradient flows into the input features
         assert result.rows == []
     else:
