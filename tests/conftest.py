@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +15,22 @@ from tests.graphs import shared_data
 # synthetic-small: 0.03 CPU-s per epoch on one thread, 0.33 on two at load 10). Tests of
 # multi-threaded code set their thread count themselves; the roles a test starts pick their own.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytest(tmp_path_factory):
+    """The session's (and the roles' it starts) temporary files go under pytest's base directory.
+    A coordinator that a test SIGKILLs cannot remove its sockets' directory; there it goes with
+    pytest's rotation of old base directories instead of staying in /tmp."""
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None  # gettempdir() caches its answer
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
 
 
 @pytest.fixture
