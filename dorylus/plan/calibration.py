@@ -323,7 +323,7 @@ def matmul_rate(device: str = "cpu", seed: int = 0) -> float:
         else:
             import torch
 
-            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cuda.matmul.fp32_precision = "ieee"  # the new API only: see gpu_device.set_tf32
             th, tw = torch.from_numpy(h).to(device), torch.from_numpy(w).to(device)
             seconds += _median_s(lambda: (th @ tw, torch.cuda.synchronize()))
         macs += rows * fan_in * fan_out

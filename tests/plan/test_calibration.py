@@ -54,6 +54,22 @@ def test_bad_calibration_file_names_itself(tmp_path, content, message):
         Calibration.load(tmp_path / "missing.json")
 
 
+def test_the_device_matmul_rate_turns_tf32_off(monkeypatch):
+    """The GPU branch of matmul_rate, on torch's CPU device with a no-op synchronize: TF32 goes
+    off through the fp32_precision API (as gpu_device.set_tf32 does), and a rate comes back."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.fp32_precision
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(cal_module, "MATMUL_SHAPES", ((2_000, 32, 16),))
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert cal_module.matmul_rate(device="cpu:0") > 1e6
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
+
+
 def test_kernel_rates_are_measured_on_this_machine():
     curve = cal_module.gather_curve(rows=2_000, nnz=50_000, operand_mb=(0.5, 8))
     assert [size for size, _ in curve] == [0.5 * 2 ** 20, 8 * 2 ** 20] and all(rate > 1e6 for _, rate in curve)
