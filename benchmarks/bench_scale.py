@@ -7,7 +7,7 @@ For each size (``10m`` = ``synthetic-10m``, ``60m`` = ``synthetic-products``, ``
 1. ``dorylus generate PRESET --out DIR`` (skipped when DIR already holds that preset and seed);
 2. ``dorylus partition --dataset DIR --parts P --method METHOD`` (``auto`` by default: METIS where
    its estimated memory fits, else Fennel streamed from disk);
-3. for each backend, ``dorylus train --partitions STORE --backend B --epochs 3``;
+3. for each backend, ``dorylus train --partitions STORE --backend B --epochs 3 --eval-every 3``;
 4. with ``--whole``, for each backend the whole ``dorylus train --dataset DIR`` command (load,
    partition with ``--method``, train), whose memory is reported as the peak of its processes'
    resident (RSS) and proportional (PSS) sizes taken together at one moment.
@@ -21,9 +21,11 @@ whole command's peak is the sum of the roles' peaks (an upper bound: they need n
 together). Resident pages include file-backed pages of memory-mapped store files, which the
 kernel can reclaim.
 
-Epoch time is the mean ``epoch_s`` of ``metrics.jsonl`` over epochs 2.. (the first carries
-warm-up); bytes per edge is a graph server's peak RSS over its part's in-edges, and the sum of
-the roles' peaks over the graph's directed edges.
+Every training command evaluates in its last epoch only. Epoch time (``epoch_s``) is the mean
+``epoch_s`` of ``metrics.jsonl`` over the training epochs from the second on (the first carries
+warm-up), ``eval_epoch_s`` that of the epochs that also evaluated; bytes per edge is a graph
+server's peak RSS over its part's in-edges, and the sum of the roles' peaks over the graph's
+directed edges.
 
     python benchmarks/bench_scale.py --sizes 10m                  # development size
     python benchmarks/bench_scale.py --sizes 10m,60m,250m --backends cpu,lambda
@@ -228,7 +230,7 @@ def run_size(size: str, args: argparse.Namespace) -> dict:
         row["whole"] = {}
         for backend in args.backends:
             row["whole"][backend] = _train(["--dataset", str(data), "--partition-method", args.method,
-                                            "--parts", str(args.parts), "--eval-every", str(args.epochs)],
+                                            "--parts", str(args.parts)],
                                            work / f"{preset}-whole-{backend}", work / f"{preset}-whole-{backend}.log",
                                            backend, args, part_edges, row["num_edges"])
             print(f"  whole train {backend}: {row['whole'][backend]}", flush=True)
@@ -241,16 +243,14 @@ def _train(source: list[str], run: Path, log: Path, backend: str, args: argparse
     command: load, partition, train) with its time, epochs and memory."""
     shutil.rmtree(run, ignore_errors=True)  # a run directory must be new
     result = _timed(_dorylus() + ["train", *source, "--backend", backend, "--epochs", str(args.epochs),
-                                  "--run-dir", str(run), "--seed", str(args.seed)], log, args.timeout, watch=True)
+                                  "--eval-every", str(args.epochs), "--run-dir", str(run), "--seed", str(args.seed)],
+                    log, args.timeout, watch=True)
     try:
         epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     except OSError:
         epochs = []
-    times = [e["epoch_s"] for e in epochs if "epoch_s" in e]
-    if times:
-        steady = times[1:] or times
-        result.update(epoch_s=round(sum(steady) / len(steady), 3), epoch_s_all=[round(t, 3) for t in times],
-                      final_test_acc=epochs[-1].get("test_acc"))
+    if any("epoch_s" in e for e in epochs):
+        result.update(epoch_times(epochs), final_test_acc=epochs[-1].get("test_acc"))
     gs = result.get("graphserver_peaks_mb") or []
     if gs:
         result["graphserver_bytes_per_in_edge"] = round(max(gs) * 2**20 / max(part_edges), 1)
@@ -261,16 +261,34 @@ def _train(source: list[str], run: Path, log: Path, backend: str, args: argparse
     return result
 
 
+def epoch_times(epochs: list[dict]) -> dict:
+    """From ``metrics.jsonl``'s records: ``epoch_s``, the mean of the training epochs after the
+    first (its warm-up; the first itself when it is the only one), ``eval_epoch_s``, the mean of
+    the later epochs that also evaluated (``test_acc`` set), and ``epoch_s_all``; None where
+    there is no such epoch."""
+    timed = [e for e in epochs if "epoch_s" in e]
+    later = timed[1:] or timed
+
+    def mean(times: list[float]) -> float | None:
+        return round(sum(times) / len(times), 3) if times else None
+
+    return {"epoch_s": mean([e["epoch_s"] for e in later if e.get("test_acc") is None]),
+            "eval_epoch_s": mean([e["epoch_s"] for e in later if e.get("test_acc") is not None]),
+            "epoch_s_all": [round(e["epoch_s"], 3) for e in timed]}
+
+
 def format_whole_table(rows: list[dict]) -> str:
     """The whole ``dorylus train --dataset`` command (load, partition, train) per size and backend."""
-    header = ("size", "backend", "command s", "epoch s", "RSS together GB", "PSS together GB", "coord GB", "GS GB")
+    header = ("size", "backend", "command s", "epoch s", "eval epoch s", "RSS together GB", "PSS together GB",
+              "coord GB", "GS GB")
     lines = [header]
     for r in rows:
         for backend, t in (r.get("whole") or {}).items():
             roles = t.get("role_peak_mb", {})
             gb = lambda mb: "-" if mb is None else f"{mb / 1024:.2f}"  # noqa: E731
             lines.append((r["size"], backend, f"{t.get('seconds', '-')}" + ("" if t.get("exit", 0) == 0 else f" ({t.get('exit')})"),
-                          f"{t.get('epoch_s', '-')}", gb(t.get("rss_together_peak_mb")), gb(t.get("pss_together_peak_mb")),
+                          f"{t.get('epoch_s', '-')}", f"{t.get('eval_epoch_s', '-')}",
+                          gb(t.get("rss_together_peak_mb")), gb(t.get("pss_together_peak_mb")),
                           gb(roles.get("coordinator")), gb(roles.get("graphserver"))))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in lines]
@@ -280,7 +298,8 @@ def format_whole_table(rows: list[dict]) -> str:
 
 def format_table(rows: list[dict]) -> str:
     header = ("size", "edges", "gen s", "gen GB", "part method", "part s", "part GB", "cut", "repl",
-              "backend", "epoch s", "coord GB", "GS GB", "PS GB", "workers GB", "B/in-edge GS", "B/edge all")
+              "backend", "epoch s", "eval epoch s", "coord GB", "GS GB", "PS GB", "workers GB", "B/in-edge GS",
+              "B/edge all")
     lines = [header]
     for r in rows:
         gen = r.get("generate", {})
@@ -298,8 +317,8 @@ def format_table(rows: list[dict]) -> str:
                 return f"{roles[role] / 1024:.2f}" if role in roles else "-"
 
             status = "" if t.get("exit", 0) == 0 else f" ({t.get('exit')})"
-            lines.append(base + (backend, f"{t.get('epoch_s', '-')}{status}", gb("coordinator"), gb("graphserver"),
-                                 gb("paramserver"), gb("lambda-workers"),
+            lines.append(base + (backend, f"{t.get('epoch_s', '-')}{status}", f"{t.get('eval_epoch_s', '-')}",
+                                 gb("coordinator"), gb("graphserver"), gb("paramserver"), gb("lambda-workers"),
                                  f"{t.get('graphserver_bytes_per_in_edge', '-')}", f"{t.get('bytes_per_edge_all_roles', '-')}"))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = ["  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in lines]
