@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,17 +10,12 @@ import scipy.sparse
 
 from dorylus.models import kernels
 from dorylus.partition.store import locality_order
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmarks import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("bench_gather")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("bench_gather")
 
 
 def ring(bench, n=3000, degree=8, seed=1):

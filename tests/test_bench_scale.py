@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmarks import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("bench_scale")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("bench_scale")
 
 
 def record(epoch: int, seconds: float, evaluated: bool) -> dict:

@@ -314,6 +314,11 @@ def check_shape(x: torch.Tensor, name: str, shape: tuple[int | None, ...]) -> to
     return x
 
 
+def check_rows_or_sum(x: torch.Tensor, name: str, rows: int, width: int) -> torch.Tensor:
+    """:func:`dorylus.models.ops.check_rows_or_sum`'s twin: ``[rows, width]`` or ``[1, width]``."""
+    return check_shape(x, name, (1 if x.shape[0] == 1 else rows, width))
+
+
 def as_float32(x: torch.Tensor, name: str) -> torch.Tensor:
     """``x`` itself: a device stage's rows are float32 matrices by construction (checked, not converted)."""
     if x.ndim != 2 or x.dtype != torch.float32:

@@ -21,7 +21,7 @@ import torch
 
 from dorylus import masks
 from dorylus.config import TrainConfig
-from dorylus.models import get_model, torch_ops
+from dorylus.models import MODELS, get_model, torch_ops
 from dorylus.models.base import FUNCTION, VERTEX
 from dorylus.models.ops import encode_split
 from dorylus.models.sparse import SparseRows
@@ -69,6 +69,18 @@ def _stage_inputs(plan, stage, spec, rng, sparse: bool):
         indptr = np.concatenate([[0], np.cumsum((x != 0).sum(axis=1))]).astype(np.int64)
         host[stage.reads.index("X")] = SparseRows(x[x != 0], np.nonzero(x)[1].astype(np.int32), indptr, x.shape)
     return host, device
+
+
+def test_the_twin_has_every_op_the_models_call():
+    """A model's ``compute`` calls ``ops.NAME`` on the module it is handed, numpy's or this twin."""
+    import inspect
+    import re
+
+    for name in MODELS:
+        called = set(re.findall(r"\bops\.(\w+)", inspect.getsource(get_model(name))))
+        assert called, name
+        missing = sorted(op for op in called if not hasattr(torch_ops, op))
+        assert not missing, f"{name} calls ops.{missing} that dorylus.models.torch_ops lacks"
 
 
 @pytest.mark.parametrize("device", DEVICES)
