@@ -3,7 +3,9 @@
 numpy + pyzmq only. The invoke payload carries metadata alone; the function dials out to its
 graph server and to the parameter server (it never listens), pulls its interval's rows and the
 weights, runs the model's ``compute`` (:mod:`dorylus.models`), pushes the results, and returns
-a small summary. It knows no model: the event names what to pull and push.
+a small summary: the call's ``task``, ``interval``, ``epoch`` and ``layer``, and under ``result``
+its meta (the weights' version and lag, the stage's own such as the loss), which is the call's
+result where the stage writes no rows. It knows no model: the event names what to pull and push.
 
 Event keys: ``model``; the stage: ``task``, ``layer``, ``reads`` and ``writes`` (buffer
 names), ``weights`` (``pin`` | ``stash`` | ``newest`` | null: pull the layer's named
@@ -269,7 +271,7 @@ def run_task(event: dict[str, Any], graph: _Peer, params: _Peer) -> dict[str, An
         grads.reply()
     if pushed is not None:
         pushed.reply()
-    return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, **meta}
+    return {"task": event["task"], "interval": interval, "epoch": epoch, "layer": layer, "result": meta}
 
 
 def _max_bytes(context: Any) -> int:

@@ -60,8 +60,6 @@ from dorylus.models.base import Work
 from graphserver.backends import LimitedBackend, LocalServices, call_key
 from graphserver.invoker import AttemptsExhausted, LambdaInvoker, TaskFailed, describe
 
-# The keys of a function's answer that name its call; the rest is the call's result (lambdas/handler.py).
-_ANSWER_ID = ("task", "interval", "epoch", "layer")
 logger = logging.getLogger(__name__)
 
 # A local lambda run gives every call in flight an emulator worker process (numpy, pyzmq and the
@@ -293,8 +291,9 @@ class LambdaBackend(LimitedBackend):
                     raise
                 await self._fallback(event, exc, pushed)
             else:
-                if not pushed.done() and not event["writes"]:  # nothing to push: the answer has the meta
-                    pushed.set_result({k: v for k, v in (answer or {}).items() if k not in _ANSWER_ID})
+                result = (answer or {}).get("result")  # lambdas/handler.py's summary
+                if not pushed.done() and not event["writes"] and isinstance(result, dict):  # nothing to push
+                    pushed.set_result(result)
             if not pushed.done():
                 raise TaskFailed(f"{describe(event)}: the function returned without pushing its result")
             return pushed.result()

@@ -26,7 +26,7 @@ def recording_handler(event, context=None):
 
     result = real_handler(event, context)
     record = {k: event[k] for k in ("task", "pass", "part", "interval", "epoch", "layer", "weights", "attempt")}
-    record["version"] = result.get("version")
+    record["version"] = result["result"].get("version")
     with open(os.environ["DORYLUS_TEST_CALLS"], "a") as out:
         out.write(json.dumps(record) + "\n")
     return result

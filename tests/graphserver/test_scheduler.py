@@ -453,12 +453,12 @@ def test_a_lambda_call_whose_function_did_not_push_fails():
 
 def test_a_lambda_call_that_writes_no_rows_resolves_with_its_answer():
     """Layer 0's backward writes no rows: its function pushes nothing to the graph server, and
-    the call's result is the invoke's answer without the keys that name the call."""
+    the call's result is the ``result`` of the invoke's answer (lambdas/handler.py's summary)."""
     backend = _lambda_backend()
     event = {**EVENT, "task": "AV_BWD", "writes": []}
 
     async def invoke(event, priority=()):
-        return {"task": "AV_BWD", "interval": 1, "epoch": 3, "layer": 0, "version": 2, "weight_lag": 1}
+        return {"task": "AV_BWD", "interval": 1, "epoch": 3, "layer": 0, "result": {"version": 2, "weight_lag": 1}}
 
     backend.invoker.invoke = invoke
     assert _call(backend, event) == {"version": 2, "weight_lag": 1}

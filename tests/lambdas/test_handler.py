@@ -220,7 +220,7 @@ def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[st
     log = servers.take_log()
     # Each peer's requests in order (the two peers' requests overlap, so their interleaving varies).
     ops = {peer: [h.op for who, h, _ in log if who == peer] for peer in ("graph", "params")}
-    # A stage that writes no rows pushes nothing to its graph server: its meta is the summary.
+    # A stage that writes no rows pushes nothing to its graph server: its meta is the summary's result.
     expected_ops = {"graph": ([Op.PULL] if expected_pull else []) + ([Op.PUSH] if event["writes"] else []),
                     "params": ([Op.PULL_WEIGHTS] if stage.weights else []) + ([Op.PUSH_GRADS] if grad else [])}
     assert ops == expected_ops, (stage.task, stage.layer, event["pass"], ops)
@@ -262,14 +262,13 @@ def _check_call(servers: FakeServers, stage, event: dict, expected_pull: list[st
         for got, want in zip(rows, expected.rows):
             assert got.dtype == np.float32
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-        assert {k: v for k, v in push.meta.items() if k != "pass"} == {
-            k: v for k, v in summary.items() if k not in ("task", "layer", "interval", "epoch")}
+        assert {k: v for k, v in push.meta.items() if k != "pass"} == summary["result"]
     else:
         assert expected.rows == []
     for key, value in expected.meta.items():
-        assert summary[key] == pytest.approx(value, rel=1e-6)
+        assert summary["result"][key] == pytest.approx(value, rel=1e-6)
     if stage.weights:
-        assert summary["version"] == VERSION and summary["weight_lag"] == NEWEST - VERSION
+        assert summary["result"]["version"] == VERSION and summary["result"]["weight_lag"] == NEWEST - VERSION
     assert (summary["task"], summary["layer"], summary["interval"]) == (stage.task, stage.layer, event["interval"])
     return summary
 
@@ -329,7 +328,7 @@ def test_the_two_pulls_and_the_two_pushes_overlap(setup):
                             Op.PUSH: Op.PUSH_GRADS, Op.PUSH_GRADS: Op.PUSH}
     event = make_event(servers, stage, "train", 1, 0, "run-overlap")
     summary = handler(event, LambdaContext(remaining_ms=5000))
-    assert summary["version"] == VERSION
+    assert summary["result"]["version"] == VERSION
     peers = handler_module._peers
     assert peers[servers.graph_endpoint].link is peers[servers.params_endpoint].link  # one cap per call
     assert [h.op for _, h, _ in servers.take_log()][-2:] in ([Op.PUSH_GRADS, Op.PUSH], [Op.PUSH, Op.PUSH_GRADS])
